@@ -1,0 +1,45 @@
+# fastinit: two commands do all the set-up.
+#   make test   lint, types and the test suite
+#   make bench  the time-to-first-batch benchmark
+# CUDA=1 installs the CUDA builds (torch 2.13.0, fbgemm-gpu 1.8.0) for GPU hosts.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+CUDA ?= 0
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+FLAVOR := $(if $(filter 1,$(CUDA)),cuda,cpu)
+STAMP := $(VENV)/.installed-$(FLAVOR)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PYTEST_ARGS ?=
+SLOW ?= 0
+
+.PHONY: test bench lint env clean
+
+$(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@rm -f $(VENV)/.installed-*
+	@# torch first, on its own, so that nothing later can swap in another build of it.
+	$(PIP) install -q -r requirements/$(FLAVOR).txt \
+	  || $(PIP) install -q -r requirements/$(FLAVOR).txt --extra-index-url $(TORCH_CPU_INDEX)
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) freeze | grep -iE '^(torch|fbgemm)' > $(VENV)/.pinned
+	$(PIP) install -q -r requirements/common.txt -c $(VENV)/.pinned
+	@touch $@
+
+env: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fastinit tests benchmarks
+	$(VENV)/bin/ruff format --check fastinit tests benchmarks
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.baseline
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,22 @@
+"""fastinit: the same TorchRec sharded model, with near-zero start-up communication.
+
+``import fastinit`` is cheap: torch and torchrec load when a function that needs them is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "trace", "knobs"]
+
+if TYPE_CHECKING:
+    from fastinit import knobs, trace
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in ("trace", "knobs", "testing", "sharding", "pg", "warmup"):
+        return importlib.import_module(f"fastinit.{name}")
+    raise AttributeError(f"module 'fastinit' has no attribute {name!r}")

@@ -1,0 +1,94 @@
+"""Every environment knob fastinit reads, in one place.
+
+Each knob is read when it is used (never cached at import), and each has an override context
+manager that restores the previous value in ``finally``, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+__all__ = [
+    "KNOBS",
+    "get_plan_cache",
+    "get_trace_dir",
+    "get_compile_cache",
+    "get_collective_timeout",
+    "override",
+]
+
+#: name -> one-line description; the README's table is generated from the same words.
+KNOBS: dict[str, str] = {
+    "FASTINIT_PLAN_CACHE": "Directory of the plan cache used when `setup(plan_cache=None)`.",
+    "FASTINIT_TRACE_DIR": "When set, every rank writes its trace (spans, c10d ops, groups, store ops) "
+    "as `trace-rank<N>.jsonl` here.",
+    "FASTINIT_COMPILE_CACHE": "Directory of the compiled-artifact cache used by `fastinit.warmup`.",
+    "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
+    "rank raises (default 300).",
+}
+
+
+def _get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def get_plan_cache() -> str | None:
+    """Directory of the plan cache, or None."""
+    return _get("FASTINIT_PLAN_CACHE")
+
+
+def get_trace_dir() -> str | None:
+    """Directory the per-rank trace files are written to, or None (tracing off)."""
+    return _get("FASTINIT_TRACE_DIR")
+
+
+def get_compile_cache() -> str | None:
+    """Directory of the compiled-artifact cache, or None."""
+    return _get("FASTINIT_COMPILE_CACHE")
+
+
+def get_collective_timeout() -> float:
+    """Seconds a start-up collective may wait before raising."""
+    value = _get("FASTINIT_COLLECTIVE_TIMEOUT")
+    if value is None:
+        return 300.0
+    try:
+        seconds = float(value)
+    except ValueError as e:
+        raise ValueError(
+            f"FASTINIT_COLLECTIVE_TIMEOUT must be a number of seconds, got {value!r}"
+        ) from e
+    if seconds <= 0:
+        raise ValueError(f"FASTINIT_COLLECTIVE_TIMEOUT must be positive, got {value!r}")
+    return seconds
+
+
+@contextlib.contextmanager
+def override(**values: str | None) -> Iterator[None]:
+    """Temporarily set (or, with None, unset) knobs; the old values come back in ``finally``.
+
+    Example::
+
+        with knobs.override(FASTINIT_PLAN_CACHE="/tmp/plans"):
+            fastinit.setup(model)
+    """
+    unknown = set(values) - set(KNOBS)
+    if unknown:
+        raise KeyError(f"unknown fastinit knob(s): {sorted(unknown)}; known: {sorted(KNOBS)}")
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: real multi-rank runs, reference models, the stock path."""

@@ -1,0 +1,1 @@
+"""Init stages run concurrently, the fast batch, and the compiled-artifact cache."""

@@ -198,6 +198,7 @@ class Tracer:
         self._lock = threading.Lock()
         self._modes: dict[int, Any] = {}
         self._patches: list[tuple[Any, str, Any]] = []
+        self._stores: list[Any] = []
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -289,8 +290,13 @@ class Tracer:
         self.record({"kind": "mark", "name": name, "ts": _now_us(), "attrs": attrs})
 
     def wrap_store(self, store: Any) -> Any:
-        """Wrap a c10d store so every operation on it (from Python or C++) is recorded."""
-        return CountingStore(store, self)
+        """Wrap a c10d store so every operation on it (from Python or C++) is recorded.
+
+        The tracer keeps the wrapper alive: C++ holds only a pointer to the Python object.
+        """
+        wrapped = CountingStore(store, self)
+        self._stores.append(wrapped)
+        return wrapped
 
     def _patch_group_creation(self) -> None:
         from torch.distributed import distributed_c10d as c10d

@@ -133,6 +133,7 @@ def _child(job: _Job, conn: Connection) -> None:
     )
     result = RankResult(rank=job.rank)
     tracer = None
+    store: Any = None
     try:
         import torch.distributed as dist
 
@@ -143,7 +144,7 @@ def _child(job: _Job, conn: Connection) -> None:
             tracer = Tracer(rank=job.rank).start()
         if job.init_pg:
             timeout = timedelta(seconds=job.pg_timeout_s)
-            store: Any = dist.TCPStore(
+            store = dist.TCPStore(
                 "127.0.0.1", job.port, job.world_size, is_master=False, timeout=timeout
             )
             if tracer is not None:
@@ -166,6 +167,18 @@ def _child(job: _Job, conn: Connection) -> None:
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
         result.error = traceback.format_exc()
         result.value = None
+    if store is not None:
+        # Leave together: a rank that exits while a peer is still connecting its gloo mesh
+        # breaks that peer. Bounded, so a dead peer delays the others by seconds only.
+        try:
+            store.add("fastinit/harness/exited", 1)
+            deadline = time.monotonic() + 10.0
+            while store.add("fastinit/harness/exited", 0) < job.world_size:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        except Exception:  # noqa: BLE001 - the store's host (the parent) may be gone
+            pass
     try:
         conn.send(result)
     except Exception:  # noqa: BLE001 - an unpicklable value is a test bug worth reporting
@@ -248,6 +261,7 @@ def run_ranks(
     results: dict[int, RankResult] = {}
     deadline = time.monotonic() + timeout
     timed_out = False
+    cut_short = False  # killed after a peer failed, before the job's own timeout
     try:
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
@@ -275,8 +289,9 @@ def run_ranks(
         sentinels = {procs[r].sentinel: r for r in range(world_size)}
         while pending:
             now = time.monotonic()
-            if any(r.error for r in results.values()):
-                deadline = min(deadline, now + grace)
+            if any(r.error for r in results.values()) and now + grace < deadline:
+                deadline = now + grace
+                cut_short = True
             if now >= deadline:
                 timed_out = True
                 break
@@ -323,9 +338,12 @@ def run_ranks(
     for rank in range(world_size):
         res = results.get(rank)
         if res is None:
-            res = RankResult(
-                rank=rank, error=f"rank {rank} timed out after {timeout:.0f}s (killed)"
+            why = (
+                f"still running {grace:.0f}s after a peer failed (killed)"
+                if cut_short
+                else f"timed out after {timeout:.0f}s (killed)"
             )
+            res = RankResult(rank=rank, error=f"rank {rank} {why}")
         res.exitcode = procs[rank].exitcode
         res.log = _tail(os.path.join(logdir, f"rank{rank}.log"))
         out.append(res)

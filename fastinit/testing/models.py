@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torchrec.streamable import Pipelineable
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -137,7 +138,7 @@ def _mlp(sizes: Sequence[int], in_features: int, device: torch.device, last_act:
 
 
 @dataclasses.dataclass
-class Batch:
+class Batch(Pipelineable):
     """A training batch: dense features, unweighted and weighted KJTs, labels.
 
     Implements torchrec's ``Pipelineable`` protocol (``to``, ``record_stream``, ``pin_memory``) so
@@ -167,6 +168,18 @@ class Batch:
 
     def pin_memory(self) -> Batch:
         return self._map(lambda t: t.pin_memory())
+
+
+def sum_pool(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Sum each sample's sequence embeddings: ``(sum(lengths), D) -> (len(lengths), D)``."""
+    batch = lengths.numel()
+    segments = torch.repeat_interleave(torch.arange(batch, device=lengths.device), lengths)
+    pooled = torch.zeros(batch, values.shape[1], dtype=values.dtype, device=values.device)
+    return pooled.index_add(0, segments, values)
+
+
+# A leaf for torch.fx, so TorchRec's train pipelines can trace the model.
+torch.fx.wrap("sum_pool")
 
 
 class SparseArch(nn.Module):
@@ -208,15 +221,7 @@ class SparseArch(nn.Module):
         if self.ec is not None:
             jts = self.ec(sparse)
             for name in self.ec_features:
-                jt = jts[name]
-                lengths = jt.lengths()
-                batch = lengths.numel()
-                seg = torch.repeat_interleave(torch.arange(batch, device=lengths.device), lengths)
-                values = jt.values()
-                pooled = torch.zeros(
-                    batch, values.shape[1], dtype=values.dtype, device=values.device
-                )
-                parts.append(pooled.index_add(0, seg, values).float())
+                parts.append(sum_pool(jts[name].values(), jts[name].lengths()))
         return torch.cat([p.float() for p in parts], dim=1)
 
 

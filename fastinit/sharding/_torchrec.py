@@ -1,0 +1,882 @@
+"""Every touch of a private TorchRec name made by ``fastinit.sharding``, in one place.
+
+Each section names the TorchRec version it was written against. When TorchRec is upgraded, read the
+upstream source of the names a section touches before bumping its pin.
+"""
+
+from __future__ import annotations
+
+# =================================================================================================
+# Section: planner (fastinit.sharding.planner.FastPlanner) -- written against torchrec 1.8.0.
+#
+# Touches:
+#   torchrec.distributed.planner.enumerators: EmbeddingEnumerator.enumerate (ported, see
+#       FastEnumerator), _extract_constraints_for_param, _get_tower_index, and the attributes
+#       _sharder_map, _sharder_data_map, _last_stored_{module,sharders,search_space}, _constraints,
+#       _compute_device, _world_size, _local_world_size, _device_memory_sizes, _batch_size,
+#       _use_exact_enumerate_order.
+#   torchrec.distributed.planner.estimator.estimator: EmbeddingPerfEstimator.estimate (ported, see
+#       MemoPerfEstimator), get_embedding_perf_sharding_evaluator, the factory's _registry, the
+#       estimator's _topology/_constraints/_config/_is_inference/_use_* attributes; the default
+#       config is instantiated from a subclass with a cached __dir__ (see _with_cached_dir), which
+#       relies on annotations._get_annotated_method/_get_coefficient_method scanning dir(config).
+#   torchrec.distributed.planner.estimator.types: ShardPerfContext.build_shard_perf_contexts.
+#   torchrec.distributed.planner.shard_estimators: EmbeddingStorageEstimator.estimate (ported, see
+#       MemoStorageEstimator), calculate_shard_storages, get_num_poolings.
+#   torchrec.distributed.planner.proposers: GreedyProposer._threshold,
+#       ._best_perf_rating, ._num_inferior_perf, ._use_depth; UniformProposer._use_depth;
+#       GridSearchProposer._max_proposals.
+#   torchrec.distributed.planner.partitioners: GreedyPerfPartitioner._sort_by, ._balance_modules.
+#   torchrec.distributed.planner.storage_reservations: HeuristicalStorageReservation._percentage,
+#       ._dense_storage, ._kjt_storage; FixedAbsoluteStorageReservation._hbm_reserved_bytes
+#       (only to build the same "no plan" message as the stock planner).
+#   torchrec.distributed.planner.perf_models: NoopPerfModel._topology.
+#   Dataclasses Shard, Storage, Perf, ShardingOption are built via object.__new__ + __dict__ (their
+#       1.8.0 fields, in declaration order).
+# =================================================================================================
+import copy
+import dataclasses
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+from torchrec.distributed.planner.enumerators import (
+    EmbeddingEnumerator,
+    _extract_constraints_for_param,
+    _get_tower_index,
+    get_partition_by_type,
+)
+from torchrec.distributed.planner.estimator.estimator import (
+    EmbeddingPerfEstimator,
+    EmbeddingPerfEstimatorFactory,
+    get_embedding_perf_sharding_evaluator,
+)
+from torchrec.distributed.planner.estimator.types import ShardPerfContext
+from torchrec.distributed.planner.shard_estimators import (
+    EmbeddingStorageEstimator,
+    calculate_shard_storages,
+    get_num_poolings,
+)
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    Perf,
+    Shard,
+    SharderDataMap,
+    ShardEstimator,
+    ShardingOption,
+    Storage,
+    Topology,
+)
+from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
+from torchrec.distributed.types import KeyValueParams, ModuleSharder, ShardingType
+from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
+from torchrec.modules.embedding_tower import (
+    EmbeddingTower,
+    EmbeddingTowerCollection,
+)
+
+PLANNER_TORCHREC_VERSION = "1.8.0"  # the torchrec version this section was written against
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+
+def greedy_proposer_state(proposer: Any) -> tuple[bool, int | None, float, int]:
+    """The settings and carried-over state of a stock ``GreedyProposer``.
+
+    Args:
+        proposer: a ``torchrec.distributed.planner.proposers.GreedyProposer``.
+
+    Returns:
+        ``(use_depth, threshold, best_perf_rating, num_inferior_perf)``.
+    """
+    return (
+        proposer._use_depth,
+        proposer._threshold,
+        proposer._best_perf_rating,
+        proposer._num_inferior_perf,
+    )
+
+
+def set_greedy_proposer_state(proposer: Any, best_perf_rating: float, num_inferior: int) -> None:
+    """Write back the state a stock ``GreedyProposer`` carries from one ``plan()`` to the next.
+
+    Args:
+        proposer: a ``GreedyProposer``.
+        best_perf_rating: its ``_best_perf_rating`` after the search.
+        num_inferior: its ``_num_inferior_perf`` after the search.
+    """
+    proposer._best_perf_rating = best_perf_rating
+    proposer._num_inferior_perf = num_inferior
+
+
+def uniform_proposer_use_depth(proposer: Any) -> bool:
+    """``UniformProposer._use_depth``."""
+    return bool(proposer._use_depth)
+
+
+def grid_max_proposals(proposer: Any) -> int:
+    """``GridSearchProposer._max_proposals``."""
+    return int(proposer._max_proposals)
+
+
+def partitioner_settings(partitioner: Any) -> tuple[str, bool]:
+    """``(sort_by.value, balance_modules)`` of a stock ``GreedyPerfPartitioner``."""
+    return partitioner._sort_by.value, bool(partitioner._balance_modules)
+
+
+def perf_model_world_size(perf_model: Any) -> int:
+    """``NoopPerfModel._topology.world_size`` (the length of its per-rank perf list)."""
+    return int(perf_model._topology.world_size)
+
+
+def reservation_percentage(reservation: Any) -> Any:
+    """``reservation._percentage``; raises ``AttributeError`` where absent, as the stock message does."""
+    return reservation._percentage
+
+
+def storage_reservation_details(reservation: Any) -> dict[str, Any]:
+    """The private fields of a storage reservation that the stock "no plan" message prints.
+
+    Args:
+        reservation: the planner's storage reservation.
+
+    Returns:
+        ``percentage``, ``dense_storage``, ``kjt_storage``, ``hbm_reserved_bytes`` (None if absent).
+    """
+    return {
+        "percentage": getattr(reservation, "_percentage", None),
+        "dense_storage": getattr(reservation, "_dense_storage", None),
+        "kjt_storage": getattr(reservation, "_kjt_storage", None),
+        "hbm_reserved_bytes": getattr(reservation, "_hbm_reserved_bytes", None),
+    }
+
+
+# ---- deep copies of sharding options, without copy.deepcopy's per-object overhead --------------
+
+
+def _copy_storage(s: Any, memo: dict[int, Any]) -> Any:
+    if s is None:
+        return None
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if type(s) is Storage and len(s.__dict__) == 3:
+        new = Storage(hbm=s.hbm, ddr=s.ddr, ssd=s.ssd)
+        memo[id(s)] = new
+        return new
+    return copy.deepcopy(s, memo)
+
+
+def _copy_perf(p: Any, memo: dict[int, Any]) -> Any:
+    if p is None:
+        return None
+    hit = memo.get(id(p))
+    if hit is not None:
+        return hit
+    if type(p) is Perf and len(p.__dict__) == 6:
+        new = Perf(
+            fwd_compute=p.fwd_compute,
+            fwd_comms=p.fwd_comms,
+            bwd_compute=p.bwd_compute,
+            bwd_comms=p.bwd_comms,
+            input_dist_comms=p.input_dist_comms,
+            prefetch_compute=p.prefetch_compute,
+        )
+        memo[id(p)] = new
+        return new
+    return copy.deepcopy(p, memo)
+
+
+def _is_int_list(x: Any) -> bool:
+    return type(x) is list and all(type(v) is int for v in x)
+
+
+def _copy_shards(shards: Any, memo: dict[int, Any]) -> Any:
+    if type(shards) is not list:
+        return copy.deepcopy(shards, memo)
+    out = []
+    for s in shards:
+        if (
+            type(s) is Shard
+            and len(s.__dict__) == 5
+            and _is_int_list(s.size)
+            and _is_int_list(s.offset)
+            and (s.rank is None or type(s.rank) is int)
+            and id(s) not in memo
+        ):
+            new = Shard(
+                size=list(s.size),
+                offset=list(s.offset),
+                storage=_copy_storage(s.storage, memo),
+                perf=_copy_perf(s.perf, memo),
+                rank=s.rank,
+            )
+            memo[id(s)] = new
+            out.append(new)
+        else:
+            out.append(copy.deepcopy(s, memo))
+    return out
+
+
+def copy_sharding_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
+    """What ``copy.deepcopy(list(options))`` returns, built several times faster.
+
+    ``ShardingOption.__deepcopy__`` (1.8.0) shares ``_tensor`` and ``_module`` and deep-copies every
+    other attribute. This does the same, with one memo for the whole list (as ``deepcopy`` of a list
+    does); shards, ``Storage`` and ``Perf`` of the stock types are rebuilt directly, anything else
+    goes through ``copy.deepcopy``.
+
+    Args:
+        options: sharding options.
+
+    Returns:
+        Independent copies, in the same order.
+    """
+    memo: dict[int, Any] = {}
+    out: list[ShardingOption] = []
+    for so in options:
+        if type(so) is not ShardingOption or id(so) in memo:
+            out.append(copy.deepcopy(so, memo))
+            continue
+        new = object.__new__(ShardingOption)
+        for k, v in so.__dict__.items():
+            if k in ("_tensor", "_module"):
+                setattr(new, k, v)
+            elif k == "shards":
+                setattr(new, k, _copy_shards(v, memo))
+            else:
+                setattr(new, k, copy.deepcopy(v, memo))
+        memo[id(so)] = new
+        out.append(new)
+    return out
+
+
+# ---- estimators that compute each distinct shard once -------------------------------------------
+
+
+def _freeze(v: Any) -> Hashable:
+    if isinstance(v, list | tuple):
+        return tuple(_freeze(x) for x in v)
+    hash(v)  # raises TypeError for unhashable values: the caller then skips the memo
+    return v
+
+
+def _perf_fields(p: Perf) -> tuple[float, ...]:
+    return (
+        p.fwd_compute,
+        p.fwd_comms,
+        p.bwd_compute,
+        p.bwd_comms,
+        p.input_dist_comms,
+        p.prefetch_compute,
+    )
+
+
+_new = object.__new__
+
+
+def _perf_from_fields(f: tuple[float, ...]) -> Perf:
+    """``Perf(*fields)``, built without the dataclass ``__init__`` (same attributes, same order)."""
+    p = _new(Perf)
+    p.__dict__ = {
+        "fwd_compute": f[0],
+        "fwd_comms": f[1],
+        "bwd_compute": f[2],
+        "bwd_comms": f[3],
+        "input_dist_comms": f[4],
+        "prefetch_compute": f[5],
+    }
+    return p
+
+
+def _new_storage(hbm: Any, ddr: Any, ssd: Any) -> Storage:
+    """``Storage(hbm, ddr, ssd)``, built without the dataclass ``__init__``."""
+    st = _new(Storage)
+    st.__dict__ = {"hbm": hbm, "ddr": ddr, "ssd": ssd}
+    return st
+
+
+def _new_shard(size: list[int], offset: list[int]) -> Shard:
+    """``Shard(size=size, offset=offset)``, built without the dataclass ``__init__``."""
+    sh = _new(Shard)
+    sh.__dict__ = {"size": size, "offset": offset, "storage": None, "perf": None, "rank": None}
+    return sh
+
+
+class MemoPerfEstimator(EmbeddingPerfEstimator):
+    """``EmbeddingPerfEstimator`` (1.8.0) that evaluates each distinct shard context once.
+
+    The stock ``estimate`` builds one ``ShardPerfContext`` per shard and runs the evaluator on each;
+    a context depends only on the shard's ``[rows, cols]`` and on per-option data, and the evaluator
+    is a pure function of ``(context, config)``. So contexts are built for the distinct shard sizes
+    of an option only, and evaluator results are memoised by context value within one ``estimate``
+    call (across options and tables). Every shard still gets its own ``Perf`` object, and the
+    config's ``post_process_perfs`` still sees every shard. The context's ``table_name`` is left out
+    of the memo key only for TorchRec's own configs, which never read it.
+    """
+
+    def estimate(
+        self,
+        sharding_options: list[ShardingOption],
+        sharder_data_map: SharderDataMap,
+    ) -> None:
+        """Same result as ``EmbeddingPerfEstimator.estimate``; see the class docstring."""
+        assert self._topology is not None, "Topology must be set to use estimate method"
+        config = self._config
+        skip_name = type(config).__module__.startswith("torchrec.")
+        field_names = [
+            f.name
+            for f in dataclasses.fields(ShardPerfContext)
+            if not (skip_name and f.name == "table_name")
+        ]
+        memo: dict[Hashable, tuple[float, ...]] = {}
+        num_feature_processors = 0
+        for sharding_option in sharding_options:
+            config.validate_sharding_type(sharding_option.sharding_type)
+            sharder_data = sharder_data_map[sharding_option.module_type_key]
+            shard_sizes = [shard.size for shard in sharding_option.shards]
+            if shard_sizes and shard_sizes.count(shard_sizes[0]) == len(shard_sizes):
+                distinct: list[list[int]] = shard_sizes[:1]  # e.g. data parallel
+                positions: list[int] = [0] * len(shard_sizes)
+            else:
+                index_of: dict[tuple[int, ...], int] = {}
+                distinct = []
+                positions = []
+                for size in shard_sizes:
+                    key = tuple(size)
+                    pos = index_of.get(key)
+                    if pos is None:
+                        pos = index_of[key] = len(distinct)
+                        distinct.append(size)
+                    positions.append(pos)
+            contexts = ShardPerfContext.build_shard_perf_contexts(
+                config=config,
+                shard_sizes=distinct,
+                sharding_option=sharding_option,
+                topology=self._topology,
+                constraints=self._constraints,
+                sharder_data=sharder_data,
+                is_inference=self._is_inference,
+                use_batch_inputs_for_expected_cache_fetches=self._use_batch_inputs_for_expected_cache_fetches,
+                use_linear_regression_prefetch_estimate=self._use_linear_regression_prefetch_estimate,
+            )
+            if contexts:
+                sharding_option.is_weighted = contexts[0].is_weighted
+                if contexts[0].has_feature_processor:
+                    num_feature_processors += 1
+            perfs: list[tuple[float, ...]] = []
+            for ctx in contexts:
+                values = ctx.__dict__
+                ctx_key: Hashable | None = tuple(
+                    tuple(v) if type(v) is list else v for v in map(values.get, field_names)
+                )
+                try:
+                    fields = memo.get(ctx_key)
+                except TypeError:  # an unhashable value: no memo for this context
+                    ctx_key = fields = None
+                if fields is None:
+                    evaluator = get_embedding_perf_sharding_evaluator(
+                        sharding_type=ctx.sharding_type, is_inference=ctx.is_inference
+                    )
+                    fields = _perf_fields(evaluator.compute_perf(ctx=ctx, config=config))
+                    if ctx_key is not None:
+                        memo[ctx_key] = fields
+                perfs.append(fields)
+            if len(perfs) == 1:
+                only = perfs[0]
+                for shard in sharding_option.shards:
+                    shard.perf = _perf_from_fields(only)
+            else:
+                for shard, pos in zip(sharding_option.shards, positions):
+                    shard.perf = _perf_from_fields(perfs[pos])
+            shard_perfs = [s.perf for s in sharding_option.shards if s.perf is not None]
+            shard_perfs = config.post_process_perfs(
+                shard_perfs=shard_perfs,
+                shard_sizes=shard_sizes,
+                sharding_type=sharding_option.sharding_type,
+                uneven_sharding_perf_multiplier=self._topology.uneven_sharding_perf_multiplier,
+            )
+            for shard, perf in zip(sharding_option.shards, shard_perfs):
+                shard.perf = perf
+        logger.info(f"Total {num_feature_processors} feature processor.")
+
+
+def _tensor_key(tensor: torch.Tensor) -> Hashable:
+    return (
+        type(tensor),
+        tuple(tensor.shape),
+        tensor.dtype,
+        getattr(tensor, "_optimizer_classes", [None])[0],
+    )
+
+
+class MemoStorageEstimator(EmbeddingStorageEstimator):
+    """``EmbeddingStorageEstimator`` (1.8.0) that memoises ``calculate_shard_storages``.
+
+    Within one ``estimate`` call, options whose storage inputs are equal (same shape, dtype,
+    optimizer, sharding type, kernel, shard sizes, pooling, batch sizes, ...) share one computation;
+    every shard still gets its own ``Storage`` object.
+    """
+
+    def estimate(
+        self,
+        sharding_options: list[ShardingOption],
+        sharder_data_map: SharderDataMap,
+    ) -> None:
+        """Same result as ``EmbeddingStorageEstimator.estimate``; see the class docstring."""
+        from torchrec.distributed.planner.constants import (
+            BIGINT_DTYPE,
+            KV_CACHING_RATIO,
+            UVM_CACHING_RATIO,
+        )
+
+        memo: dict[Hashable, list[tuple[Any, Any, Any]]] = {}
+        for sharding_option in sharding_options:
+            sharder_data = sharder_data_map[sharding_option.module_type_key]
+            caching_ratio = sharding_option.cache_load_factor
+            if caching_ratio is None:
+                caching_ratio = sharder_data.fused_params.get("cache_load_factor")
+            constraints: ParameterConstraints | None = (
+                self._constraints.get(sharding_option.name, None) if self._constraints else None
+            )
+            num_poolings = get_num_poolings(self._constraints, sharding_option)
+            assert len(num_poolings) == sharding_option.num_inputs
+            batch_sizes = (
+                constraints.batch_sizes
+                if constraints and constraints.batch_sizes
+                else [sharding_option.batch_size] * sharding_option.num_inputs
+            )
+            key_value_params: KeyValueParams | None = (
+                constraints.key_value_params
+                if constraints and constraints.key_value_params
+                else None
+            )
+            kv_cache_load_factor: float = sharder_data.fused_params.get(
+                "cache_load_factor", KV_CACHING_RATIO
+            )
+            use_virtual_table: bool = constraints.use_virtual_table if constraints else False
+            input_data_type_size = BIGINT_DTYPE
+            output_data_type_size: float = (
+                DATA_TYPE_NUM_BITS[sharding_option.output_dtype] / 8
+                if sharding_option.output_dtype
+                else sharding_option.tensor.element_size()
+            )
+            mpp_conf = (
+                sharding_option.cache_params.multipass_prefetch_config
+                if sharding_option.cache_params
+                else None
+            )
+            if mpp_conf is None:
+                mpp_conf = sharder_data.fused_params.get("multipass_prefetch_config")
+            shard_sizes = full_sizes = [shard.size for shard in sharding_option.shards]
+            n_shards = len(shard_sizes)
+            # data parallel: every value is per shard and no value depends on the shard count
+            # (_calculate_dp_shard_io_sizes replicates one value): compute one shard, replicate
+            if (
+                sharding_option.sharding_type == ShardingType.DATA_PARALLEL.value
+                and n_shards > 1
+                and all(size == shard_sizes[0] for size in shard_sizes)
+            ):
+                shard_sizes = shard_sizes[:1]
+            kwargs: dict[str, Any] = {
+                "sharder_data": sharder_data,
+                "sharding_type": sharding_option.sharding_type,
+                "tensor": sharding_option.tensor,
+                "compute_device": self._topology.compute_device,
+                "compute_kernel": sharding_option.compute_kernel,
+                "shard_sizes": shard_sizes,
+                "batch_sizes": batch_sizes,
+                "world_size": self._topology.world_size,
+                "local_world_size": self._topology.intra_group_size,
+                "input_lengths": sharding_option.input_lengths,
+                "num_poolings": num_poolings,
+                "caching_ratio": caching_ratio if caching_ratio else UVM_CACHING_RATIO,
+                "is_pooled": sharding_option.is_pooled,
+                "input_data_type_size": input_data_type_size,
+                "output_data_type_size": output_data_type_size,
+                "pipeline_type": self._pipeline_type,
+                "count_ephemeral_storage_cost": self._run_embedding_at_peak_memory,
+                "is_inference": self._is_inference,
+                "multipass_prefetch_max_pass": mpp_conf.num_passes if mpp_conf else None,
+                "key_value_params": key_value_params,
+                "kv_cache_load_factor": kv_cache_load_factor,
+                "use_virtual_table": use_virtual_table,
+            }
+            try:
+                key: Hashable | None = tuple(
+                    (
+                        (name, id(v))
+                        if name == "sharder_data"
+                        else (name, _tensor_key(v))
+                        if name == "tensor"
+                        else (name, tuple(map(tuple, v)))
+                        if name == "shard_sizes"
+                        else (name, _freeze(v))
+                    )
+                    for name, v in kwargs.items()
+                )
+            except TypeError:
+                key = None
+            storages = memo.get(key) if key is not None else None
+            if storages is None:
+                try:
+                    computed = calculate_shard_storages(**kwargs)
+                except ZeroDivisionError as e:
+                    raise ValueError(
+                        f"Failed to calculate sharding plan: {str(e)} "
+                        f"Context: table_name='{sharding_option.name}', "
+                        f"module_path='{sharding_option.path}', "
+                        f"tensor.shape={sharding_option.tensor.shape}, "
+                        f"sharding_type='{sharding_option.sharding_type}', "
+                        f"compute_kernel='{sharding_option.compute_kernel}'"
+                    ) from e
+                if len(computed) == len(shard_sizes) and all(
+                    type(s) is Storage and len(s.__dict__) == 3 for s in computed
+                ):
+                    storages = [(s.hbm, s.ddr, s.ssd) for s in computed]
+                    if key is not None:
+                        memo[key] = storages
+                else:  # not the stock type: hand it over as computed, no memo
+                    if shard_sizes is not full_sizes:
+                        computed = calculate_shard_storages(**{**kwargs, "shard_sizes": full_sizes})
+                    for shard, storage in zip(sharding_option.shards, computed):
+                        shard.storage = storage
+                    continue
+            if len(storages) == 1 and n_shards > 1:
+                hbm, ddr, ssd = storages[0]
+                for shard in sharding_option.shards:
+                    shard.storage = _new_storage(hbm, ddr, ssd)
+            else:
+                for shard, (hbm, ddr, ssd) in zip(sharding_option.shards, storages):
+                    shard.storage = _new_storage(hbm, ddr, ssd)
+
+
+def _with_cached_dir(config_cls: type) -> type:
+    """A subclass of ``config_cls`` whose ``dir()`` lists only its public callables.
+
+    The 1.8.0 evaluators find a config's annotated methods by scanning ``dir(config)`` on every
+    call (``annotations._get_annotated_method`` and ``_get_coefficient_method``): they skip names
+    starting with ``_`` and attributes that are not callable, and return the first match in
+    ``dir`` order. Listing only the public callables (``dir`` still sorts them) finds the same
+    method without re-reading every property each time. Name and module are the base's.
+    """
+
+    def __dir__(self: Any) -> list[str]:
+        names = self.__dict__.get("_fastinit_dir")
+        if names is None:
+            names = [
+                n
+                for n in cast(Any, config_cls).__dir__(self)
+                if not n.startswith("_")
+                and n != "coefficients"
+                and callable(getattr(self, n, None))
+            ]
+            self.__dict__["_fastinit_dir"] = names
+        return list(names)
+
+    sub = type(
+        config_cls.__name__,
+        (config_cls,),
+        {
+            "__dir__": __dir__,
+            "__module__": config_cls.__module__,
+            "__qualname__": config_cls.__qualname__,
+        },
+    )
+    return sub
+
+
+def default_fast_estimators(
+    topology: Topology, constraints: dict[str, ParameterConstraints] | None
+) -> list[ShardEstimator]:
+    """The estimators ``EmbeddingEnumerator`` builds by default, in their memoising form.
+
+    Args:
+        topology: the planner's topology.
+        constraints: the planner's constraints.
+
+    Returns:
+        ``[perf estimator, storage estimator]`` as 1.8.0's ``EmbeddingEnumerator.__init__`` makes
+        them (``EmbeddingPerfEstimatorFactory.create(DEFAULT_PERF_ESTIMATOR, ...)`` and
+        ``EmbeddingStorageEstimator(topology, constraints)``).
+    """
+    config_cls = EmbeddingPerfEstimatorFactory._registry[DEFAULT_PERF_ESTIMATOR.lower()]
+    config = _with_cached_dir(config_cls)()
+    return [
+        MemoPerfEstimator(topology=topology, constraints=constraints, config=config),
+        MemoStorageEstimator(topology=topology, constraints=constraints),
+    ]
+
+
+class FastEnumerator(EmbeddingEnumerator):
+    """``EmbeddingEnumerator`` (1.8.0) with memoising default estimators and a lazy cached copy.
+
+    ``enumerate`` is a port of the stock method with one change: the stock method deep-copies the
+    whole search space to keep it as ``last_stored_search_space`` (seconds at hundreds of ranks,
+    where every data-parallel option has one shard per rank). Here the copy is made on first use of
+    ``last_stored_search_space`` or of the enumerate cache, from the options as enumerated (the fast
+    planner only assigns shard ranks to them, which the copy resets to ``None``).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        batch_size: int,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        estimator: ShardEstimator | list[ShardEstimator] | None = None,
+        use_exact_enumerate_order: bool | None = False,
+    ) -> None:
+        if estimator is None:
+            estimator = default_fast_estimators(topology, constraints)
+        super().__init__(
+            topology=topology,
+            batch_size=batch_size,
+            constraints=constraints,
+            estimator=estimator,
+            use_exact_enumerate_order=use_exact_enumerate_order,
+        )
+        self._pending_snapshot: list[ShardingOption] | None = None
+
+    @property
+    def last_stored_search_space(self) -> list[ShardingOption] | None:
+        """The search space of the last ``enumerate`` call (a private deep copy)."""
+        self._materialise_snapshot()
+        return self._last_stored_search_space
+
+    def _materialise_snapshot(self) -> None:
+        if self._pending_snapshot is not None:
+            snapshot = copy_sharding_options(self._pending_snapshot)
+            for so in snapshot:
+                for shard in so.shards:
+                    shard.rank = None
+            self._last_stored_search_space = snapshot
+            self._pending_snapshot = None
+
+    def enumerate(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+    ) -> list[ShardingOption]:
+        """Port of ``EmbeddingEnumerator.enumerate`` (1.8.0); see the class docstring."""
+        last_module: Any = getattr(self, "_last_stored_module", None)
+        last_sharders: Any = getattr(self, "_last_stored_sharders", None)
+        if last_module == module and last_sharders == sharders:
+            self._materialise_snapshot()
+            assert self._last_stored_search_space is not None
+            return copy_sharding_options(self._last_stored_search_space)
+
+        self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
+        self._sharder_data_map = build_sharder_data_map(self._sharder_map)
+        sharding_options: list[ShardingOption] = []
+
+        named_modules_queue: list[tuple[str, nn.Module]] = [("", module)]
+        while named_modules_queue:
+            if not self._use_exact_enumerate_order:
+                child_path, child_module = named_modules_queue.pop()
+            else:
+                child_path, child_module = named_modules_queue.pop(0)
+            sharder_key = sharder_name(type(child_module))
+            sharder = self._sharder_map.get(sharder_key, None)
+            if not sharder:
+                for n, m in child_module.named_children():
+                    if child_path != "":
+                        named_modules_queue.append((child_path + "." + n, m))
+                    else:
+                        named_modules_queue.append((n, m))
+                continue
+
+            is_pooled = ShardingOption.module_pooled(child_module, child_path)
+
+            for name, param in sharder.shardable_parameters(child_module).items():
+                (
+                    input_lengths,
+                    col_wise_shard_dim,
+                    cache_params,
+                    enforce_hbm,
+                    stochastic_rounding,
+                    bounds_check_mode,
+                    feature_names,
+                    output_dtype,
+                    device_group,
+                    key_value_params,
+                ) = _extract_constraints_for_param(self._constraints, name)
+
+                if device_group and device_group != self._compute_device:
+                    continue
+                num_buckets = self._get_num_buckets(name, child_module)
+                sharding_options_per_table: list[ShardingOption] = []
+
+                for sharding_type in self._filter_sharding_types(
+                    name, sharder.sharding_types(self._compute_device), sharder_key
+                ):
+                    for compute_kernel in self._filter_compute_kernels(
+                        name,
+                        sharder.compute_kernels(sharding_type, self._compute_device),
+                        sharding_type,
+                    ):
+                        try:
+                            shard_sizes, shard_offsets = calculate_shard_sizes_and_offsets(
+                                tensor=param,
+                                world_size=self._world_size,
+                                local_world_size=self._local_world_size,
+                                sharding_type=sharding_type,
+                                col_wise_shard_dim=col_wise_shard_dim,
+                                device_memory_sizes=self._device_memory_sizes,
+                                num_buckets=num_buckets,
+                            )
+                        except ZeroDivisionError as e:
+                            raise ValueError(
+                                f"Failed to calculate sharding plan: {str(e)} "
+                                f"Context: table_name='{name}', module_path='{child_path}', "
+                                f"module_type='{type(child_module).__name__}', "
+                                f"sharder='{sharder.__class__.__name__}', "
+                                f"tensor.shape={param.shape}, sharding_type='{sharding_type}', "
+                                f"compute_kernel='{compute_kernel}', world_size={self._world_size}, "
+                                f"local_world_size={self._local_world_size}, "
+                                f"col_wise_shard_dim={col_wise_shard_dim}, "
+                                f"compute_device='{self._compute_device}'"
+                            ) from e
+                        dependency = None
+                        if isinstance(child_module, EmbeddingTower):
+                            dependency = child_path
+                        elif isinstance(child_module, EmbeddingTowerCollection):
+                            tower_index = _get_tower_index(name, child_module)
+                            dependency = child_path + ".tower_" + str(tower_index)
+                        sharding_options_per_table.append(
+                            ShardingOption(
+                                name=name,
+                                tensor=param,
+                                module=(child_path, child_module),
+                                input_lengths=input_lengths,
+                                batch_size=self._batch_size,
+                                compute_kernel=compute_kernel,
+                                sharding_type=sharding_type,
+                                partition_by=get_partition_by_type(sharding_type),
+                                shards=[
+                                    _new_shard(size, offset)
+                                    for size, offset in zip(shard_sizes, shard_offsets)
+                                ],
+                                cache_params=cache_params,
+                                enforce_hbm=enforce_hbm,
+                                stochastic_rounding=stochastic_rounding,
+                                bounds_check_mode=bounds_check_mode,
+                                dependency=dependency,
+                                is_pooled=is_pooled,
+                                feature_names=feature_names,
+                                output_dtype=output_dtype,
+                                key_value_params=key_value_params,
+                            )
+                        )
+                if not sharding_options_per_table:
+                    raise RuntimeError(
+                        "No available sharding type and compute kernel combination "
+                        f"after applying user provided constraints for {name}. "
+                        f"Module: {sharder_key}, sharder: {sharder.__class__.__name__}, compute device: {self._compute_device}. "
+                        f"To debug, search above for warning logs about no available sharding types/compute kernels for table: {name}"
+                    )
+
+                sharding_options.extend(sharding_options_per_table)
+
+        self.populate_estimates(sharding_options)
+
+        self._last_stored_module = module
+        self._last_stored_sharders = sharders
+        self._pending_snapshot = list(sharding_options)
+        return sharding_options
+
+
+# ---- end of section: planner -------------------------------------------------------------------
+
+
+# =================================================================================================
+# Section: fingerprint (fastinit.sharding.fingerprint) -- written against torchrec 1.8.0.
+#
+# Reads only; nothing here writes to a TorchRec object. Touches:
+#   torchrec.distributed.planner.planners.EmbeddingPlannerBase / EmbeddingShardingPlanner: the
+#       attributes _batch_size, _constraints, _enumerator, _storage_reservation, _proposers,
+#       _partitioner, _perf_model, _callbacks, _timeout_seconds (and the public plan_loader).
+#   torchrec.distributed.planner.types.Topology._custom_topology_data and
+#       CustomTopologyData._data (EmbeddingEnumerator reads them for per-device memory).
+#   The "_<parameter>" attributes in which planner components (enumerators, estimators, proposers,
+#       partitioners, storage reservations, comms bandwidths, qcomm codecs, ...) keep their
+#       constructor arguments (constructor_settings), e.g. GreedyProposer._use_depth, ._threshold;
+#       GreedyPerfPartitioner._sort_by; HeuristicalStorageReservation._percentage;
+#       EmbeddingEnumerator._estimators (kept for the "estimator" argument).
+# =================================================================================================
+
+FINGERPRINT_TORCHREC_VERSION = "1.8.0"
+
+# Planner attribute -> name in the fingerprint. Left out: stats and debug (logging only).
+_PLANNER_ATTRIBUTES: dict[str, str] = {
+    "_batch_size": "batch_size",
+    "_constraints": "constraints",
+    "_enumerator": "enumerator",
+    "_storage_reservation": "storage_reservation",
+    "_proposers": "proposers",
+    "_partitioner": "partitioner",
+    "_perf_model": "performance_model",
+    "_callbacks": "callbacks",
+    "_timeout_seconds": "timeout_seconds",
+    "plan_loader": "plan_loader",
+}
+
+
+def planner_settings(planner: Any) -> dict[str, Any]:
+    """The settings of a TorchRec planner that decide its plan, by name.
+
+    Args:
+        planner: an ``EmbeddingShardingPlanner`` (or a subclass, or another planner: only the
+            attributes it has are read).
+
+    Returns:
+        ``{"batch_size": ..., "constraints": ..., "enumerator": ..., ...}`` for the attributes
+        present; the planner's topology is not included (the fingerprint takes it separately).
+    """
+    state = vars(planner) if hasattr(planner, "__dict__") else {}
+    return {name: state[attr] for attr, name in _PLANNER_ATTRIBUTES.items() if attr in state}
+
+
+def topology_custom_data(topology: Topology) -> dict[str, list[int]] | None:
+    """``Topology._custom_topology_data._data`` (per-device memory overrides), or None."""
+    custom = getattr(topology, "_custom_topology_data", None)
+    if custom is None:
+        return None
+    data = getattr(custom, "_data", None)
+    return dict(data) if isinstance(data, dict) else None
+
+
+def constructor_settings(obj: Any) -> dict[str, Any]:
+    """The constructor arguments ``obj`` keeps, read from ``_<name>``, ``<name>`` or ``_<name>s``.
+
+    Only attributes named after a parameter of ``type(obj).__init__`` are read, so state an
+    object accumulates while planning (proposals, search spaces, best ratings) never enters the
+    fingerprint.
+
+    Args:
+        obj: any object (a planner component, a codec, ...).
+
+    Returns:
+        ``{parameter name: value}`` for the parameters found; empty when none are.
+    """
+    import inspect
+
+    state = getattr(obj, "__dict__", None)
+    if not isinstance(state, dict):
+        return {}
+    try:
+        params = inspect.signature(type(obj).__init__).parameters
+    except (TypeError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    for name, param in params.items():
+        if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        for attr in (f"_{name}", name, f"_{name}s"):
+            if attr in state:
+                out[name] = state[attr]
+                break
+    return out

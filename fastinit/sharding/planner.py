@@ -1,0 +1,1252 @@
+"""``FastPlanner``: TorchRec's ``EmbeddingShardingPlanner`` plan, found much sooner.
+
+The stock planner (torchrec 1.8.0) evaluates every proposal its proposers make by deep-copying the
+devices and the proposal, placing every shard with Python objects, and rating the result. Most of
+its time goes to those copies, to per-shard estimator work repeated for identical shards, and to
+deep copies of the search space and of each new best plan.
+
+``FastPlanner`` runs the same search and returns the same plan:
+
+* the same enumeration, with estimators that compute each distinct shard once
+  (``_torchrec.FastEnumerator``), so the search space holds the same numbers;
+* the same proposers (grid search, the two greedy ones, uniform), replayed on indices, in the
+  same order, with the same proposal cache;
+* the same greedy partitioner, replayed on flat per-device arrays: uniform (data-parallel,
+  row-wise) shards are placed with vector operations, table-wise and column-wise shards go to the
+  least-loaded device that fits (what the stock min-heap walk computes), table-row-wise and
+  table-column-wise groups to the first host, in the stock host order, where they fit. Floating
+  point sums are made in the stock order, so ratings are bit-identical;
+* proposals that cannot win are not partitioned. With the stock proposers (grid search, the two
+  greedy ones, uniform) the whole proposal sequence is known before any rating, and the stock
+  loop keeps the first proposal with the lowest rating. So every proposal gets a lower bound of
+  its rating (the average load per rank, and the load of the rank holding its largest shard),
+  proposals are partitioned in increasing order of that bound, and the search stops when the
+  next bound exceeds the best rating found. With a timeout, or a greedy proposer with a
+  ``threshold`` (its proposals depend on ratings), proposals run one by one in stock order and a
+  proposal is skipped only when its bound already reaches the best rating. Either way the plan is
+  the stock plan; only ``_num_plans`` (partitions actually run) is smaller.
+
+When the search finds no plan, the last failed proposal is partitioned once more by the stock
+partitioner to raise exactly the stock error. Settings the fast search does not replay (a custom
+partitioner, performance model or proposer, a plan loader, grid sharding, ...) make ``plan`` call
+the stock ``EmbeddingShardingPlanner.plan``: same plan, stock speed.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import reduce
+from time import perf_counter
+from typing import Any, cast
+
+import numpy as np
+from torch import nn
+from torchrec.distributed.planner.constants import MAX_SIZE
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.perf_models import NoopPerfModel
+from torchrec.distributed.planner.planners import (
+    EmbeddingShardingPlanner,
+    to_sharding_plan,
+    validate_compute_kernels,
+    validate_modules_inclusion_in_sharding_plan,
+    validate_rank_assignment,
+)
+from torchrec.distributed.planner.proposers import (
+    GreedyProposer,
+    GridSearchProposer,
+    UniformProposer,
+)
+from torchrec.distributed.planner.storage_reservations import (
+    FixedAbsoluteStorageReservation,
+    HeuristicalStorageReservation,
+)
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    PartitionByType,
+    Partitioner,
+    Perf,
+    PerfModel,
+    PlanDebugStats,
+    PlanLoader,
+    PlannerError,
+    PlannerErrorType,
+    Proposer,
+    ShardingOption,
+    Stats,
+    Storage,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.planner.utils import bytes_to_gb, reset_shard_rank, storage_repr_in_gb
+from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
+
+from fastinit.sharding import _torchrec as _tr
+
+__all__ = ["FastPlanner"]
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+_UNIFORM = 0
+_DEVICE = 1
+_HOST = 2
+_CW_KEY_VALUE = 3
+
+# Relative slack for pruning: a float sum of n non-negative terms is within n * 2**-53 of the exact
+# sum; 1e-9 covers a million terms with room to spare.
+_PRUNE_SLACK = 1e-9
+
+
+class _Opt:
+    """Per sharding option data the search reads, computed once."""
+
+    __slots__ = (
+        "so",
+        "fqn",
+        "path",
+        "group",
+        "kind",
+        "sharding_type",
+        "n",
+        "st",
+        "pf",
+        "tot",
+        "tot_sum",
+        "tot_min",
+        "tot_max",
+        "total_storage",
+        "total_perf",
+        "_vecs",
+        "const",
+        "score_depth",
+        "score_sum",
+    )
+
+    def __init__(self, so: ShardingOption) -> None:
+        self.so = so
+        self.fqn = so.fqn
+        self.path = so.path
+        self.group = so.dependency or so.fqn
+        pb = so.partition_by
+        if pb == PartitionByType.UNIFORM.value:
+            self.kind = _UNIFORM
+        elif pb == PartitionByType.DEVICE.value:
+            is_cw_kv = (
+                so.compute_kernel == "key_value"
+                and so.sharding_type == ShardingType.COLUMN_WISE.value
+            )
+            self.kind = _CW_KEY_VALUE if is_cw_kv else _DEVICE
+        elif pb == PartitionByType.HOST.value:
+            self.kind = _HOST
+        else:
+            raise _Unsupported(f"partition_by={pb}")
+        self.sharding_type = so.sharding_type
+        self.n = len(so.shards)
+        storages = [shard.storage for shard in so.shards]
+        perfs = [shard.perf for shard in so.shards]
+        if set(map(type, storages)) != {Storage} or set(map(type, perfs)) != {Perf}:
+            raise _Unsupported("shard without a stock Storage or Perf estimate")
+        st = [(x.hbm, x.ddr, x.ssd) for x in storages]
+        pf = [
+            (x.fwd_compute, x.fwd_comms, x.bwd_compute, x.bwd_comms, x.prefetch_compute)
+            for x in perfs
+        ]
+        distinct_st = set(st)
+        if not all(type(v) is int and v >= 0 for t in distinct_st for v in t):
+            raise _Unsupported("non-integer or negative storage")
+        distinct_pf = set(pf)
+        # Perf.total = fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch_compute
+        total_of = {t: t[0] + t[2] + t[1] + t[3] + t[4] for t in distinct_pf}
+        tot = [total_of[t] for t in pf]
+        self.st = st
+        self.pf = pf
+        self.tot = tot
+        self.score_depth = max(tot)
+        self.score_sum = sum(tot)
+        total_perf: float = 0
+        for t in tot:
+            total_perf += t
+        self.total_perf = total_perf
+        self.tot_sum = math.fsum(tot)
+        self.tot_min = min(tot) if tot else 0.0
+        self.tot_max = max(tot) if tot else 0.0
+        h = d = x = 0
+        for a, b, c in st:
+            h += a
+            d += b
+            x += c
+        self.total_storage = (h, d, x)
+        self.const = self.kind == _UNIFORM and len(distinct_st) <= 1 and len(distinct_pf) <= 1
+        self._vecs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def vecs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-shard storage (3 x n, int64), perf components (5 x n) and totals, as arrays."""
+        if self._vecs is None:
+            self._vecs = (
+                np.array(self.st, dtype=np.int64).T.copy().reshape(3, self.n),
+                np.array(self.pf, dtype=np.float64).T.copy().reshape(5, self.n),
+                np.array(self.tot, dtype=np.float64),
+            )
+        return self._vecs
+
+
+class _Unsupported(Exception):
+    """A search space or setting the fast search does not replay (the stock planner runs)."""
+
+
+def _score(opt: _Opt, use_depth: bool) -> float:
+    """``proposers._sharding_option_score``: ``max`` or ``sum`` of the shards' ``perf.total``.
+
+    Computed as the stock function does (``max([...])`` / ``sum([...])`` of the same list), once.
+    """
+    return opt.score_depth if use_depth else opt.score_sum
+
+
+def _by_fqn(opts: Sequence[_Opt], indices: Sequence[int]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i in indices:
+        out.setdefault(opts[i].fqn, []).append(i)
+    return out
+
+
+# ---- proposers, replayed on option indices -------------------------------------------------------
+
+
+class _ProposerReplay:
+    """The proposal sequence of one stock proposer, as tuples of option indices."""
+
+    needs_rating: bool = False
+
+    def propose(self) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Write back state the stock proposer carries between ``plan`` calls."""
+
+
+class _GridReplay(_ProposerReplay):
+    def __init__(self, opts: Sequence[_Opt], max_proposals: int) -> None:
+        lists = list(_by_fqn(opts, range(len(opts))).values())
+        for lst in lists:
+            lst.sort(key=lambda i: _score(opts[i], True))
+        total = reduce(lambda a, b: a * b, (len(lst) for lst in lists), 1)
+        self._iter: Iterator[tuple[int, ...]] | None = None
+        self._next: tuple[int, ...] | None = None
+        if total > max_proposals:
+            logger.info(
+                "Skipping grid search proposer as there are too many proposals "
+                f"({total} > {max_proposals})."
+            )
+            return
+        self._iter = itertools.product(*lists)
+        self._next = next(self._iter, None)
+
+    def propose(self) -> tuple[int, ...] | None:
+        return self._next
+
+    def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
+        assert self._iter is not None
+        self._next = next(self._iter, None)
+
+
+class _GreedyReplay(_ProposerReplay):
+    def __init__(self, opts: Sequence[_Opt], proposer: GreedyProposer) -> None:
+        self._proposer = proposer
+        use_depth, threshold, best, inferior = _tr.greedy_proposer_state(proposer)
+        self._threshold = threshold if threshold else None
+        self.needs_rating = self._threshold is not None
+        self._best = best
+        self._inferior = inferior
+        self._lists = list(_by_fqn(opts, range(len(opts))).values())
+        for lst in self._lists:
+            lst.sort(key=lambda i: _score(opts[i], use_depth))
+        self._keys: dict[int, tuple[int, int, int, int]] = {}
+        for lst in self._lists:
+            for i in lst:
+                st = opts[i].st
+                self._keys[i] = (
+                    max([s[0] for s in st]),
+                    sum([s[0] for s in st]),
+                    max([s[1] for s in st]),
+                    sum([s[1] for s in st]),
+                )
+        self._cur: list[int] | None = [0] * len(self._lists)
+        self._choice = [lst[0] for lst in self._lists]
+        self._heap: list[tuple[tuple[int, ...], int, int]] = []
+        for f in range(len(self._lists)):
+            self._push(f)
+
+    def _push(self, f: int) -> None:
+        assert self._cur is not None
+        idx = self._cur[f]
+        lst = self._lists[f]
+        if idx + 1 < len(lst):
+            key = self._keys[lst[idx]]
+            heapq.heappush(self._heap, (tuple(-k for k in key), f, idx))
+
+    def propose(self) -> tuple[int, ...] | None:
+        if not self._cur:
+            return None
+        return tuple(self._choice)
+
+    def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
+        assert self._cur is not None
+        if self._threshold and perf_rating:
+            self._inferior += 1
+            if perf_rating < self._best:
+                self._best = perf_rating
+                self._inferior = 0
+            if self._inferior > self._threshold:
+                self._cur = None
+                return
+        heap = self._heap
+        while heap and heap[0][2] != self._cur[heap[0][1]]:
+            heapq.heappop(heap)
+        # stock: the first fqn (in order) with the largest storage tuple, strictly above zero
+        if heap and tuple(-k for k in heap[0][0]) > (0, 0, 0, 0):
+            _, f, _ = heapq.heappop(heap)
+            self._cur[f] += 1
+            self._choice[f] = self._lists[f][self._cur[f]]
+            self._push(f)
+        else:
+            self._cur = None
+
+    def finish(self) -> None:
+        _tr.set_greedy_proposer_state(self._proposer, self._best, self._inferior)
+
+
+class _UniformReplay(_ProposerReplay):
+    def __init__(self, opts: Sequence[_Opt], use_depth: bool) -> None:
+        all_fqns = {o.fqn for o in opts}
+        by_type: dict[str, dict[str, list[int]]] = {}
+        for i, o in enumerate(opts):
+            by_type.setdefault(o.sharding_type, {}).setdefault(o.fqn, []).append(i)
+        self._proposals: list[tuple[int, ...]] = []
+        for by_fqn in by_type.values():
+            for lst in by_fqn.values():
+                lst.sort(key=lambda i: _score(opts[i], use_depth))
+            if by_fqn.keys() == all_fqns:
+                self._proposals.append(tuple(lst[0] for lst in by_fqn.values()))
+        self._index = 0
+
+    def propose(self) -> tuple[int, ...] | None:
+        if self._index < len(self._proposals):
+            return self._proposals[self._index]
+        return None
+
+    def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
+        self._index += 1
+
+
+# ---- the partitioner, replayed on flat arrays ----------------------------------------------------
+
+
+class _Search:
+    """``GreedyPerfPartitioner.partition`` + ``NoopPerfModel.rate`` on option indices.
+
+    Device state lives in flat lists indexed by device: remaining ``hbm``/``ddr``/``ssd`` (ints)
+    and the five ``Perf`` components that ``Perf.total`` adds up, accumulated shard by shard in the
+    stock order, so every comparison sees the stock floats.
+    """
+
+    def __init__(
+        self,
+        opts: list[_Opt],
+        storage_constraint: Topology,
+        rating_world_size: int,
+        sort_by_perf: bool,
+        balance_modules: bool,
+    ) -> None:
+        self.opts = opts
+        devices = storage_constraint.devices
+        self.n_dev = len(devices)
+        self.ranks = [d.rank for d in devices]
+        self.lws = storage_constraint.local_world_size
+        self.sort_by_perf = sort_by_perf
+        self.balance_modules = balance_modules
+        self.rating_ws = rating_world_size
+        if self.ranks != list(range(self.n_dev)) or self.n_dev > rating_world_size:
+            raise _Unsupported("devices are not ranks 0..n-1 of the rated world")
+        st0 = [(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices]
+        if not all(type(v) is int for s in st0 for v in s):
+            raise _Unsupported("non-integer device storage")
+        pf0 = [
+            (
+                d.perf.fwd_compute,
+                d.perf.fwd_comms,
+                d.perf.bwd_compute,
+                d.perf.bwd_comms,
+                d.perf.prefetch_compute,
+            )
+            for d in devices
+        ]
+        if not all(type(v) in (int, float) for p in pf0 for v in p):
+            raise _Unsupported("non-numeric device perf")
+        self.st0_list = st0
+        self.pf0_list = pf0
+        self.st0 = np.array(st0, dtype=np.int64).T.copy().reshape(3, self.n_dev)
+        self.pf0 = np.array(pf0, dtype=np.float64).T.copy().reshape(5, self.n_dev)
+        # all devices start alike: uniform shards that are alike keep them alike (scalar path)
+        self.same_devices = len(set(st0)) <= 1 and len(set(pf0)) <= 1
+        group_size = storage_constraint.intra_group_size
+        num_hosts = storage_constraint.world_size // group_size
+        self.group_size = group_size
+        self.hosts = [list(range(h * group_size, (h + 1) * group_size)) for h in range(num_hosts)]
+        self.host_of = [-1] * self.n_dev
+        for h, devs in enumerate(self.hosts):
+            for j in devs:
+                if j < self.n_dev:
+                    self.host_of[j] = h
+        if any(j >= self.n_dev for devs in self.hosts for j in devs):
+            raise _Unsupported("hosts reach past the devices")
+        self.all_tot_nonneg = all(t >= 0 and math.isfinite(t) for o in opts for t in o.tot)
+        kinds = np.array([o.kind for o in opts])
+        uniform = kinds == _UNIFORM
+        self.lb_tot_sum = np.array([o.tot_sum for o in opts], dtype=np.float64)
+        self.lb_uni_min = np.where(uniform, [o.tot_min for o in opts], 0.0)
+        self.lb_nu_max = np.where(uniform, 0.0, [o.tot_max for o in opts])
+
+    # -- lower bound of the rating ---------------------------------------------------------------
+
+    def lower_bounds(self, proposals: np.ndarray) -> np.ndarray:
+        """A lower bound of each proposal's rating (rows of option indices); see ``lower_bound``."""
+        avg = self.lb_tot_sum[proposals].sum(axis=1) / self.rating_ws
+        one = self.lb_uni_min[proposals].sum(axis=1) + self.lb_nu_max[proposals].max(axis=1)
+        return np.maximum(avg, one)
+
+    def lower_bound(self, proposal: Sequence[int]) -> float:
+        """A lower bound of the rating, valid when every shard perf total is >= 0.
+
+        The most loaded rank carries at least the average load, and the rank that holds the
+        largest non-uniform shard also holds one shard of every uniform option.
+        """
+        return float(self.lower_bounds(np.asarray([proposal]))[0])
+
+    # -- partition + rating ----------------------------------------------------------------------
+
+    def evaluate(self, proposal: Sequence[int]) -> tuple[list[list[int]], float] | None:
+        """Partition and rate ``proposal``.
+
+        Returns:
+            ``(ranks per proposal position, rating)``, or ``None`` where the stock partitioner
+            raises ``PlannerError``.
+        """
+        opts = self.opts
+        n_dev = self.n_dev
+        dev_ranks = self.ranks
+        assigned: list[list[int] | None] = [None] * len(proposal)
+
+        # 1. uniform options (data parallel, row wise), in proposal order
+        uni = [pos for pos, i in enumerate(proposal) if opts[i].kind == _UNIFORM]
+        for pos in uni:
+            if opts[proposal[pos]].n != n_dev:
+                return None
+            assigned[pos] = dev_ranks
+        if self.same_devices and all(opts[proposal[pos]].const for pos in uni):
+            h, d, x = self.st0_list[0]
+            a, b, c, e, f = self.pf0_list[0]
+            for pos in uni:
+                o = opts[proposal[pos]]
+                nh, nd, ns = o.st[0]
+                h, d, x = h - nh, d - nd, x - ns
+                pa, pb, pc_, pd, pe = o.pf[0]
+                a, b, c, e, f = a + pa, b + pb, c + pc_, e + pd, f + pe
+            if uni and (h < 0 or d < 0 or x < 0):
+                return None
+            hbm, ddr, ssd = [h] * n_dev, [d] * n_dev, [x] * n_dev
+            fc, fcm, bc, bcm, pc = [a] * n_dev, [b] * n_dev, [c] * n_dev, [e] * n_dev, [f] * n_dev
+            tot_l = [a + c + b + e + f] * n_dev
+        else:
+            st = self.st0.copy()
+            pfa = self.pf0.copy()
+            for pos in uni:
+                st_vec, pf_vec, _ = opts[proposal[pos]].vecs()
+                st -= st_vec
+                pfa += pf_vec
+            if uni and (st < 0).any():
+                return None
+            hbm, ddr, ssd = (row.tolist() for row in st)
+            fc, fcm, bc, bcm, pc = (row.tolist() for row in pfa)
+            tot_l = ((((pfa[0] + pfa[2]) + pfa[1]) + pfa[3]) + pfa[4]).tolist()
+        state = _State(hbm, ddr, ssd, fc, fcm, bc, bcm, pc, tot_l)
+
+        # 2. the other options, grouped by dependency (or fqn) and sorted as the stock partitioner
+        groups: dict[str, list[int]] = {}
+        for pos, i in enumerate(proposal):
+            if opts[i].kind != _UNIFORM:
+                groups.setdefault(opts[i].group, []).append(pos)
+        if groups:
+            param_count: dict[str, int] = {}
+            if self.balance_modules:
+                for i in proposal:
+                    p = opts[i].path
+                    param_count[p] = param_count.get(p, 0) + 1
+            keyed = []
+            for positions in groups.values():
+                o0 = opts[proposal[positions[0]]]
+                if self.sort_by_perf:
+                    perf_sum = o0.total_perf
+                    for pos in positions[1:]:
+                        perf_sum += opts[proposal[pos]].total_perf
+                    k: list[Any] = [perf_sum]
+                else:
+                    gh, gd, gx = o0.total_storage
+                    for pos in positions[1:]:
+                        h2, d2, x2 = opts[proposal[pos]].total_storage
+                        gh, gd, gx = gh + h2, gd + d2, gx + x2
+                    k = [(gh, gd, gx)]
+                if self.balance_modules:
+                    k.insert(0, -param_count[o0.path])
+                keyed.append((k, positions))
+            keyed.sort(key=lambda kp: kp[0], reverse=True)
+
+            lws = self.lws
+            heap: list[tuple[float, int, int, int]] | None = None
+            hosts = _Hosts(self, state) if self.hosts else None
+            for _, positions in keyed:
+                kind = opts[proposal[positions[0]]].kind
+                if kind == _HOST:
+                    if hosts is None or not hosts.place_group(proposal, positions, assigned):
+                        return None
+                    heap = None
+                    continue
+                if len(positions) != 1:
+                    raise AssertionError(
+                        f"Unexpected length for sharding options: {len(positions)}"
+                    )
+                pos = positions[0]
+                o = opts[proposal[pos]]
+                if heap is None:
+                    heap = [(tot_l[j], dev_ranks[j] % lws, dev_ranks[j], j) for j in range(n_dev)]
+                    heapq.heapify(heap)
+                if kind == _CW_KEY_VALUE:
+                    r = self._cw_kv_place(o, heap, state)
+                else:
+                    r = _device_place(o, heap, state, None)
+                if r is None:
+                    return None
+                if hosts is not None:
+                    hosts.touch(r)
+                assigned[pos] = [dev_ranks[j] for j in r]
+
+        ranks = cast(list[list[int]], assigned)
+        return ranks, self._rate(proposal, ranks)
+
+    def _rate(self, proposal: Sequence[int], ranks: list[list[int]]) -> float:
+        """``NoopPerfModel.rate``: per-rank sums in proposal order, then the maximum."""
+        opts = self.opts
+        perfs = np.zeros(self.rating_ws, dtype=np.float64)
+        run_r: list[int] = []
+        run_t: list[float] = []
+        for pos, i in enumerate(proposal):
+            o = opts[i]
+            if o.kind == _UNIFORM and o.n == self.rating_ws:
+                if run_r:
+                    np.add.at(perfs, run_r, run_t)
+                    run_r, run_t = [], []
+                if o.const:
+                    perfs += o.tot[0]
+                else:
+                    perfs += o.vecs()[2]
+            else:
+                run_r.extend(ranks[pos])
+                run_t.extend(o.tot)
+        if run_r:
+            np.add.at(perfs, run_r, run_t)
+        return float(perfs.max())
+
+    def _cw_kv_place(
+        self, o: _Opt, heap: list[tuple[float, int, int, int]], state: _State
+    ) -> list[int] | None:
+        """``GreedyPerfPartitioner._column_wise_device_partition``: one shard per device."""
+        if o.n > len(heap):
+            return None
+        used: set[int] = set()
+        out: list[int] = []
+        lws = self.lws
+        tot_l = state.tot
+        for s in range(o.n):
+            nh, nd, ns = o.st[s]
+            cands = sorted(
+                (tot_l[j], self.ranks[j] % lws, self.ranks[j], j)
+                for j in range(self.n_dev)
+                if self.ranks[j] not in used
+            )
+            if not cands:
+                return None
+            for _, _, r, j in cands:
+                if nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]:
+                    state.apply(o, s, j, None)
+                    used.add(r)
+                    out.append(j)
+                    break
+            else:
+                return None
+        heap[:] = [(tot_l[j], self.ranks[j] % lws, self.ranks[j], j) for j in range(self.n_dev)]
+        heapq.heapify(heap)
+        return out
+
+
+class _State:
+    """Per-device remaining storage and accumulated perf components."""
+
+    __slots__ = ("hbm", "ddr", "ssd", "fc", "fcm", "bc", "bcm", "pc", "tot")
+
+    def __init__(
+        self,
+        hbm: list[int],
+        ddr: list[int],
+        ssd: list[int],
+        fc: list[float],
+        fcm: list[float],
+        bc: list[float],
+        bcm: list[float],
+        pc: list[float],
+        tot: list[float],
+    ) -> None:
+        self.hbm, self.ddr, self.ssd = hbm, ddr, ssd
+        self.fc, self.fcm, self.bc, self.bcm, self.pc = fc, fcm, bc, bcm, pc
+        self.tot = tot
+
+    def save(self, j: int) -> tuple[Any, ...]:
+        return (
+            j,
+            self.hbm[j],
+            self.ddr[j],
+            self.ssd[j],
+            self.fc[j],
+            self.fcm[j],
+            self.bc[j],
+            self.bcm[j],
+            self.pc[j],
+            self.tot[j],
+        )
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        j = saved[0]
+        (
+            self.hbm[j],
+            self.ddr[j],
+            self.ssd[j],
+            self.fc[j],
+            self.fcm[j],
+            self.bc[j],
+            self.bcm[j],
+            self.pc[j],
+            self.tot[j],
+        ) = saved[1:]
+
+    def apply(self, o: _Opt, s: int, j: int, undo: list[tuple[Any, ...]] | None) -> None:
+        """Place shard ``s`` of ``o`` on device ``j``: ``storage -= ...; perf += ...``."""
+        if undo is not None:
+            undo.append(self.save(j))
+        nh, nd, ns = o.st[s]
+        self.hbm[j] -= nh
+        self.ddr[j] -= nd
+        self.ssd[j] -= ns
+        a, b, c, d, e = o.pf[s]
+        fc = self.fc[j] = self.fc[j] + a
+        fcm = self.fcm[j] = self.fcm[j] + b
+        bc = self.bc[j] = self.bc[j] + c
+        bcm = self.bcm[j] = self.bcm[j] + d
+        pc = self.pc[j] = self.pc[j] + e
+        # Perf.total: fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch_compute
+        self.tot[j] = fc + bc + fcm + bcm + pc
+
+
+class _Hosts:
+    """``GreedyPerfPartitioner._cohost_partition``, with host sums kept up to date."""
+
+    def __init__(self, search: _Search, state: _State) -> None:
+        self.search = search
+        self.state = state
+        self.sums: list[float] = [0.0] * len(search.hosts)
+        self.dirty: set[int] = set(range(len(search.hosts)))
+
+    def touch(self, devices: list[int]) -> None:
+        host_of = self.search.host_of
+        for j in devices:
+            h = host_of[j]
+            if h >= 0:
+                self.dirty.add(h)
+
+    def _refresh(self) -> None:
+        tot = self.state.tot
+        hosts = self.search.hosts
+        for h in self.dirty:
+            perf: float = 0
+            for j in hosts[h]:
+                perf += tot[j]
+            self.sums[h] = perf
+        self.dirty.clear()
+
+    def place_group(
+        self, proposal: Sequence[int], positions: list[int], assigned: list[list[int] | None]
+    ) -> bool:
+        search = self.search
+        opts = search.opts
+        state = self.state
+        gh = gd = gx = 0
+        for pos in positions:
+            h, d, x = opts[proposal[pos]].total_storage
+            gh, gd, gx = gh + h, gd + d, gx + x
+        self._refresh()
+        sums = self.sums
+        for h_idx in sorted(range(len(sums)), key=sums.__getitem__):
+            devs = search.hosts[h_idx]
+            sh = sd = sx = 0
+            for j in devs:
+                sh, sd, sx = sh + state.hbm[j], sd + state.ddr[j], sx + state.ssd[j]
+            if not (gh <= sh and gd <= sd and gx <= sx):
+                continue
+            n_local = len(devs)
+            undo: list[tuple[Any, ...]] = []
+            heap: list[tuple[float, int, int, int]] | None = None
+            trial: dict[int, list[int]] = {}
+            success = True
+            for pos in positions:
+                o = opts[proposal[pos]]
+                if o.sharding_type == ShardingType.TABLE_ROW_WISE.value:
+                    if o.n != n_local:
+                        success = False
+                        break
+                    for k, j in enumerate(devs):
+                        nh, nd, ns = o.st[k]
+                        if not (nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]):
+                            success = False
+                            break
+                        state.apply(o, k, j, undo)
+                    if not success:
+                        break
+                    trial[pos] = [search.ranks[j] for j in devs]
+                    heap = None
+                elif o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
+                    if heap is None:
+                        heap = [
+                            (state.tot[j], search.ranks[j] % n_local, search.ranks[j], j)
+                            for j in devs
+                        ]
+                        heapq.heapify(heap)
+                    r = _device_place(o, heap, state, undo)
+                    if r is None:
+                        success = False
+                        break
+                    trial[pos] = [search.ranks[j] for j in r]
+                else:
+                    success = False
+                    break
+            if success:
+                for pos, r in trial.items():
+                    assigned[pos] = r
+                self.dirty.add(h_idx)
+                return True
+            for saved in reversed(undo):
+                state.restore(saved)
+        return False
+
+
+def _device_place(
+    o: _Opt,
+    heap: list[tuple[float, int, int, int]],
+    state: _State,
+    undo: list[tuple[Any, ...]] | None,
+) -> list[int] | None:
+    """``GreedyPerfPartitioner._device_partition``: each shard to the least loaded device that fits.
+
+    The heap holds ``(perf.total, rank % local_world_size, rank, device index)``, the stock order.
+    Returns the device index of each shard, or ``None`` where no device fits a shard.
+    """
+    out: list[int] = []
+    hbm, ddr, ssd, tot = state.hbm, state.ddr, state.ssd, state.tot
+    for s in range(o.n):
+        nh, nd, ns = o.st[s]
+        tmp = []
+        while heap:
+            entry = heap[0]
+            j = entry[3]
+            if nh <= hbm[j] and nd <= ddr[j] and ns <= ssd[j]:
+                state.apply(o, s, j, undo)
+                heapq.heapreplace(heap, (tot[j], entry[1], entry[2], j))
+                out.append(j)
+                break
+            tmp.append(heapq.heappop(heap))
+        else:
+            heap.extend(tmp)
+            return None
+        for e in tmp:
+            heapq.heappush(heap, e)
+    return out
+
+
+_Best = tuple[tuple[int, ...], list[list[int]]]
+
+
+def _proposal_storage(opts: Sequence[_Opt], proposal: Sequence[int]) -> Storage:
+    """The sum of every shard's storage in ``proposal`` (integers: any order gives the same)."""
+    h = d = x = 0
+    for i in proposal:
+        a, b, c = opts[i].total_storage
+        h, d, x = h + a, d + b, x + c
+    return Storage(h, d, x)
+
+
+# ---- the planner ---------------------------------------------------------------------------------
+
+
+class FastPlanner(EmbeddingShardingPlanner):
+    """``EmbeddingShardingPlanner`` that returns the same plan, much sooner.
+
+    Takes the arguments of ``torchrec.distributed.planner.EmbeddingShardingPlanner`` (1.8.0) and
+    returns, for the same inputs, the same ``ShardingPlan`` (sharding types, compute kernels,
+    ranks, shard offsets and sizes, placements, cache parameters, ...), or raises the same
+    ``PlannerError`` with the same message when nothing fits. ``collective_plan`` is inherited.
+
+    Args:
+        topology (Optional[Topology]): the topology of the current process group.
+        batch_size (Optional[int]): the batch size of the model.
+        enumerator (Optional[Enumerator]): the enumerator to use. By default, TorchRec's
+            ``EmbeddingEnumerator`` with estimators that compute each distinct shard once.
+        storage_reservation (Optional[StorageReservation]): the storage reservation to use.
+        proposer (Optional[Union[Proposer, List[Proposer]]]): the proposer(s) to use.
+        partitioner (Optional[Partitioner]): the partitioner to use.
+        performance_model (Optional[PerfModel]): the performance model to use.
+        stats (Optional[Union[Stats, List[Stats]]]): the stats to use.
+        constraints (Optional[Dict[str, ParameterConstraints]]): per table constraints.
+        debug (bool): whether to print debug information.
+        callbacks (Optional[List[Callable]]): callback functions applied to the best plan.
+        timeout_seconds (Optional[int]): timeout for planning in seconds.
+        plan_loader (Optional[PlanLoader]): loads a stored plan (planned by the stock planner).
+
+    Example::
+
+        ebc = EmbeddingBagCollection(tables=eb_configs, device=torch.device("meta"))
+        planner = FastPlanner(topology=Topology(world_size=8, compute_device="cuda"))
+        plan = planner.plan(module=ebc, sharders=[EmbeddingBagCollectionSharder()])
+    """
+
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: StorageReservation | None = None,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Stats | list[Stats] | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        debug: bool = True,
+        callbacks: list[Callable[[list[ShardingOption]], list[ShardingOption]]] | None = None,
+        timeout_seconds: int | None = None,
+        plan_loader: PlanLoader | None = None,
+    ) -> None:
+        super().__init__(
+            topology=topology,
+            batch_size=batch_size,
+            enumerator=enumerator,
+            storage_reservation=storage_reservation,
+            proposer=proposer,
+            partitioner=partitioner,
+            performance_model=performance_model,
+            stats=stats,
+            constraints=constraints,
+            debug=debug,
+            callbacks=callbacks,
+            timeout_seconds=timeout_seconds,
+            plan_loader=plan_loader,
+        )
+        if enumerator is None:
+            self._enumerator = _tr.FastEnumerator(
+                topology=self._topology,
+                batch_size=self._batch_size,
+                constraints=constraints,
+            )
+        #: why the last ``plan`` call ran the stock planner (None: the fast search ran)
+        self.fallback_reason: str | None = None
+
+    def _static_blocker(self) -> str | None:
+        if self.plan_loader is not None:
+            return "plan_loader is set"
+        if type(self._partitioner) is not GreedyPerfPartitioner:
+            return f"partitioner {type(self._partitioner).__name__}"
+        if type(self._perf_model) is not NoopPerfModel:
+            return f"performance model {type(self._perf_model).__name__}"
+        for p in self._proposers:
+            if type(p) not in (GridSearchProposer, GreedyProposer, UniformProposer):
+                return f"proposer {type(p).__name__}"
+        return None
+
+    def plan(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+    ) -> ShardingPlan:
+        """Provides the sharding plan ``EmbeddingShardingPlanner.plan`` provides, sooner.
+
+        Args:
+            module (nn.Module): the module to shard.
+            sharders (List[ModuleSharder[nn.Module]]): the sharders to use for sharding.
+
+        Returns:
+            ShardingPlan: the sharding plan for the module.
+        """
+        # Planning allocates a few objects per shard (hundreds of thousands at hundreds of ranks)
+        # and frees nothing until it returns: pausing the cyclic collector meanwhile halves the
+        # time. It is switched back on, as it was, before returning.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.fallback_reason = self._static_blocker()
+            if self.fallback_reason is None:
+                try:
+                    return self._fast_plan(module, sharders)
+                except _Unsupported as e:
+                    self.fallback_reason = str(e)
+            logger.info(f"FastPlanner: running the stock planner ({self.fallback_reason})")
+            return super().plan(module, sharders)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _fast_plan(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+    ) -> ShardingPlan:
+        self._num_proposals = 0
+        self._num_plans = 0
+        start_time = perf_counter()
+        storage_constraint: Topology = self._storage_reservation.reserve(
+            topology=self._topology,
+            batch_size=self._batch_size,
+            module=module,
+            sharders=sharders,
+            constraints=self._constraints,
+        )
+        search_space = self._enumerator.enumerate(module=module, sharders=sharders)
+        if not search_space:
+            return ShardingPlan({})
+
+        opts = [_Opt(so) for so in search_space]
+        seen: set[tuple[str, str, str]] = set()
+        for o in opts:
+            k = (o.fqn, o.so.sharding_type, o.so.compute_kernel)
+            if k in seen:
+                # the stock proposal cache keys on option hashes; keep its semantics exactly
+                raise _Unsupported("two options with the same fqn, sharding type and kernel")
+            seen.add(k)
+        sort_by, balance_modules = _tr.partitioner_settings(self._partitioner)
+        search = _Search(
+            opts,
+            storage_constraint,
+            rating_world_size=_tr.perf_model_world_size(self._perf_model),
+            sort_by_perf=sort_by == "perf",
+            balance_modules=balance_modules,
+        )
+
+        replays: list[_ProposerReplay] = []
+        for p in self._proposers:
+            if type(p) is GridSearchProposer:
+                replays.append(_GridReplay(opts, _tr.grid_max_proposals(p)))
+            elif type(p) is GreedyProposer:
+                replays.append(_GreedyReplay(opts, p))
+            else:
+                replays.append(_UniformReplay(opts, _tr.uniform_proposer_use_depth(p)))
+
+        if self._timeout_seconds or any(r.needs_rating for r in replays):
+            best, last_failed, lowest_storage = self._search_online(replays, search, opts)
+        else:
+            best, last_failed, lowest_storage = self._search_offline(replays, search, opts)
+
+        if best is not None:
+            return self._finish(module, sharders, search_space, opts, best, start_time)
+        self._raise_no_plan(
+            sharders, storage_constraint, opts, last_failed, lowest_storage, start_time
+        )
+        raise AssertionError("unreachable")
+
+    def _search_offline(
+        self, replays: list[_ProposerReplay], search: _Search, opts: list[_Opt]
+    ) -> tuple[_Best | None, tuple[int, ...] | None, Storage]:
+        """The search when the proposal sequence does not depend on feedback (no timeout).
+
+        The stock loop keeps the first proposal, in proposal order, whose rating is the lowest of
+        all partitionable proposals (a new plan must be strictly better). The whole sequence is
+        known up front here, so proposals are evaluated in increasing order of a lower bound of
+        their rating, and the search stops when the next bound exceeds the best rating found.
+        """
+        proposals: list[tuple[int, ...]] = []
+        seen: set[tuple[int, ...]] = set()
+        for replay in replays:
+            proposal = replay.propose()
+            while proposal:
+                key = tuple(sorted(proposal))
+                if key not in seen:
+                    seen.add(proposal if key == proposal else key)
+                    proposals.append(proposal)
+                replay.feedback(True, None)
+                proposal = replay.propose()
+            replay.finish()
+        del seen
+        self._num_proposals = len(proposals)
+
+        n = len(proposals)
+        lbs: np.ndarray | None = None
+        if search.all_tot_nonneg and n > 1:
+            lbs = np.empty(n, dtype=np.float64)
+            lengths = {len(p) for p in proposals}
+            if len(lengths) == 1:
+                chunk = max(1, (1 << 22) // max(1, lengths.pop()))
+                for c in range(0, n, chunk):
+                    rows = np.array(proposals[c : c + chunk], dtype=np.int64)
+                    lbs[c : c + chunk] = search.lower_bounds(rows)
+            else:
+                for j, p in enumerate(proposals):
+                    lbs[j] = search.lower_bound(p)
+            order: Sequence[int] = np.argsort(lbs, kind="stable").tolist()
+        else:
+            order = range(n)
+
+        best: _Best | None = None
+        best_idx = -1
+        best_rating: float = MAX_SIZE
+        failed: list[int] = []
+        for j in order:
+            if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
+                break
+            result = search.evaluate(proposals[j])
+            if result is None:
+                failed.append(j)
+                continue
+            self._num_plans += 1
+            ranks, rating = result
+            if rating < best_rating or (
+                best is not None and rating == best_rating and j < best_idx
+            ):
+                best, best_idx, best_rating = (proposals[j], ranks), j, rating
+
+        lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
+        last_failed: tuple[int, ...] | None = None
+        if best is None and failed:
+            last_failed = proposals[max(failed)]
+            for j in sorted(failed):
+                current = _proposal_storage(opts, proposals[j])
+                if current < lowest_storage:
+                    lowest_storage = current
+        return best, last_failed, lowest_storage
+
+    def _search_online(
+        self, replays: list[_ProposerReplay], search: _Search, opts: list[_Opt]
+    ) -> tuple[_Best | None, tuple[int, ...] | None, Storage]:
+        """The stock proposal loop, proposal by proposal (a timeout, or feedback-driven proposers)."""
+        lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
+        best_perf_rating: float = MAX_SIZE
+        # proposal key -> (partitionable, rating); partitionable None: pruned (not partitioned)
+        cache: dict[tuple[int, ...], tuple[bool | None, float | None]] = {}
+        best: _Best | None = None
+        last_failed: tuple[int, ...] | None = None
+        can_prune = search.all_tot_nonneg
+        start = time.time()
+        for replay in replays:
+            proposal = replay.propose()
+            while proposal:
+                if self._timeout_seconds:
+                    elapsed = time.time() - start
+                    if elapsed > self._timeout_seconds:
+                        logger.info(
+                            f"Exceeded time limit of {self._timeout_seconds}s. Took {elapsed}s"
+                        )
+                        break
+                key = tuple(sorted(proposal))
+                hit = cache.get(key)
+                if hit is not None:
+                    partitionable, rating = hit
+                    if partitionable is None and replay.needs_rating:
+                        # pruned earlier, but this proposer's feedback reads the rating
+                        result = search.evaluate(proposal)
+                        partitionable = result is not None
+                        rating = result[1] if result is not None else None
+                        cache[key] = (partitionable, rating)
+                    replay.feedback(bool(partitionable), rating)
+                    proposal = replay.propose()
+                    continue
+
+                self._num_proposals += 1
+                if (
+                    can_prune
+                    and best is not None
+                    and not replay.needs_rating
+                    and search.lower_bound(proposal) * (1 - _PRUNE_SLACK) >= best_perf_rating
+                ):
+                    cache[key] = (None, None)
+                    replay.feedback(True, None)
+                    proposal = replay.propose()
+                    continue
+                result = search.evaluate(proposal)
+                if result is not None:
+                    ranks, rating = result
+                    self._num_plans += 1
+                    if rating < best_perf_rating:
+                        best_perf_rating = rating
+                        best = (proposal, ranks)
+                    cache[key] = (True, rating)
+                    replay.feedback(True, rating)
+                else:
+                    last_failed = proposal
+                    current = _proposal_storage(opts, proposal)
+                    if current < lowest_storage:
+                        lowest_storage = current
+                    cache[key] = (False, None)
+                    replay.feedback(False, None)
+                proposal = replay.propose()
+            replay.finish()
+        return best, last_failed, lowest_storage
+
+    def _finish(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+        search_space: list[ShardingOption],
+        opts: list[_Opt],
+        best: _Best,
+        start_time: float,
+    ) -> ShardingPlan:
+        proposal, ranks = best
+        best_plan = [opts[i].so for i in proposal]
+        if self._callbacks:
+            # callbacks may change the options: hand them copies, as the stock planner does
+            best_plan = _tr.copy_sharding_options(best_plan)
+        for so, r in zip(best_plan, ranks):
+            for shard, rank in zip(so.shards, r):
+                shard.rank = rank
+        for callback in self._callbacks:
+            best_plan = callback(best_plan)
+        self._best_plan = best_plan
+        sharding_plan = to_sharding_plan(best_plan, self._topology)
+
+        end_time = perf_counter()
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=sharding_plan,
+                topology=self._topology,
+                batch_size=self._batch_size,
+                storage_reservation=self._storage_reservation,
+                num_proposals=self._num_proposals,
+                num_plans=self._num_plans,
+                run_time=end_time - start_time,
+                best_plan=best_plan,
+                constraints=self._constraints,
+                enumerator=self._enumerator,
+                sharders=sharders,
+                debug=self._debug,
+                debug_stats=PlanDebugStats(
+                    planner_type=self.__class__.__name__,
+                    timeout_seconds=self._timeout_seconds,
+                ),
+            )
+        validate_modules_inclusion_in_sharding_plan(sharding_plan, module, sharders)
+        validate_rank_assignment(sharding_plan, self._topology)
+        validate_compute_kernels(best_plan)
+        return sharding_plan
+
+    def _raise_no_plan(
+        self,
+        sharders: list[ModuleSharder[nn.Module]],
+        storage_constraint: Topology,
+        opts: list[_Opt],
+        last_failed: tuple[int, ...] | None,
+        lowest_storage: Storage,
+        start_time: float,
+    ) -> None:
+        """Raise the stock planner's "no plan" error (planners.py, 1.8.0), word for word."""
+        last_planner_error: PlannerError | None = None
+        last_proposal: list[ShardingOption] = []
+        if last_failed is not None:
+            last_proposal = [opts[i].so for i in last_failed]
+            try:
+                self._partitioner.partition(
+                    proposal=last_proposal, storage_constraint=storage_constraint
+                )
+            except PlannerError as e:
+                last_planner_error = e
+            else:  # pragma: no cover - the fast and stock partitioners disagree
+                raise AssertionError(
+                    "the stock partitioner placed a proposal FastPlanner could not"
+                )
+            finally:
+                reset_shard_rank(last_proposal)
+
+        global_storage_capacity = reduce(
+            lambda x, y: x + y, [device.storage for device in self._topology.devices]
+        )
+        global_storage_constraints = reduce(
+            lambda x, y: x + y, [device.storage for device in storage_constraint.devices]
+        )
+        res = _tr.storage_reservation_details(self._storage_reservation)
+        if isinstance(self._storage_reservation, HeuristicalStorageReservation):
+            storage_reservation_solution = (
+                f"\n\t  Storage reservation percentage: {res['percentage']}, "
+                f"\n\t  Per rank reservation for dense storage: {storage_repr_in_gb(res['dense_storage'])}, "
+                f"\n\t  Per rank reservation for kjt storage: {storage_repr_in_gb(res['kjt_storage'])}, "
+            )
+        elif isinstance(self._storage_reservation, FixedAbsoluteStorageReservation):
+            storage_reservation_solution = f"\n\t  Storage reservation: {round(bytes_to_gb(res['hbm_reserved_bytes']), 3)} GB per device, "
+        else:
+            storage_reservation_solution = f"\n\t  Storage reservation percentage: {_tr.reservation_percentage(self._storage_reservation)}, "
+        no_plan_solution = (
+            f"Planner evaluated {self._num_proposals} proposals."
+            "\nPossible solutions:"
+            f"\n  1) Increase the number of devices ({self._topology.world_size})"
+            f"\n  2) Reduce the model size ("
+            f"\n\t  Global storage: {round(bytes_to_gb(global_storage_capacity.hbm), 3)} GB, "
+            f"\n\t  Per rank hardware memory: {storage_repr_in_gb(self._topology.devices[0].storage)}, "
+            f"{storage_reservation_solution}"
+            f"\n\t  Global storage available for model parallel: {storage_repr_in_gb(global_storage_constraints)}, "
+            f"\n\t  Global storage requirement for model parallel: {storage_repr_in_gb(lowest_storage)})"
+            f"\n  3) Reduce local batch size ({self._batch_size})"
+            "\n  4) Remove planner constraints that might be reducing search space or available storage\n"
+        )
+        last_planner_error_info = f"Last planner error: \n\t{last_planner_error}\n"
+
+        end_time = perf_counter()
+        sharding_plan = ShardingPlan(plan={})
+        for sharding_option in last_proposal:
+            for shard in sharding_option.shards:
+                shard.rank = -1
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=sharding_plan,
+                topology=self._topology,
+                batch_size=self._batch_size,
+                storage_reservation=self._storage_reservation,
+                num_proposals=self._num_proposals,
+                num_plans=self._num_plans,
+                run_time=end_time - start_time,
+                best_plan=last_proposal,
+                constraints=self._constraints,
+                sharders=sharders,
+                enumerator=self._enumerator,
+                debug=self._debug,
+            )
+        if not lowest_storage.fits_in(global_storage_constraints):
+            raise PlannerError(
+                error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
+                message="Unable to find a plan for this model because of insufficient storage. \n"
+                + no_plan_solution
+                + last_planner_error_info,
+            )
+        raise PlannerError(
+            error_type=PlannerErrorType.STRICT_CONSTRAINTS,
+            message="Unable to find a plan for this model because of the strict constraints. \n"
+            + no_plan_solution
+            + last_planner_error_info,
+        )

@@ -1,0 +1,415 @@
+"""FastPlanner returns TorchRec's plan: field by field, over a zoo of models, topologies, constraints.
+
+Planning is local arithmetic, so no processes are needed; "cuda" topologies plan on a CPU host.
+Every case runs the stock ``EmbeddingShardingPlanner`` and ``FastPlanner`` on the same inputs.
+Stock planning is slow, so stock-side cases stay small (the benchmark covers the large ones).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.partitioners import (
+    GreedyPerfPartitioner,
+    MemoryBalancedPartitioner,
+    SortBy,
+)
+from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from fastinit.sharding import FastPlanner
+from fastinit.sharding import planner as fast_planner_module
+
+logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+MB = 1024 * 1024
+GB = 1024 * MB
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def plan_to_plain(plan: ShardingPlan) -> dict[str, dict[str, Any]]:
+    """A ShardingPlan as plain, comparable data: every field a ``ParameterSharding`` carries."""
+    out: dict[str, dict[str, Any]] = {}
+    for module_path, module_plan in plan.plan.items():
+        for name, ps in module_plan.items():  # type: ignore[attr-defined]
+            spec = None
+            if ps.sharding_spec is not None:
+                spec = [
+                    (list(s.shard_offsets), list(s.shard_sizes), str(s.placement))
+                    for s in ps.sharding_spec.shards
+                ]
+            out[f"{module_path}.{name}"] = {
+                "sharding_type": ps.sharding_type,
+                "compute_kernel": ps.compute_kernel,
+                "ranks": ps.ranks,
+                "shards": spec,
+                "cache_params": repr(ps.cache_params),
+                "enforce_hbm": ps.enforce_hbm,
+                "stochastic_rounding": ps.stochastic_rounding,
+                "bounds_check_mode": ps.bounds_check_mode,
+                "output_dtype": ps.output_dtype,
+                "key_value_params": repr(ps.key_value_params),
+            }
+    return out
+
+
+def assert_same_plan(fast: ShardingPlan, stock: ShardingPlan) -> None:
+    a, b = plan_to_plain(fast), plan_to_plain(stock)
+    assert a.keys() == b.keys()
+    for key in b:
+        assert a[key] == b[key], f"{key}: fast {a[key]} != stock {b[key]}"
+
+
+def _no_addresses(text: str) -> str:
+    return re.sub(r" at 0x[0-9a-f]+>", " at 0x...>", text)
+
+
+def ebc(tables: list[EmbeddingBagConfig]) -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+def ec(tables: list[EmbeddingConfig]) -> EmbeddingCollection:
+    return EmbeddingCollection(tables=tables, device=torch.device("meta"))
+
+
+def bag_tables(
+    n: int,
+    dims: tuple[int, ...] = (8, 16, 32, 64, 128),
+    fp16_every: int = 0,
+    prefix: str = "t",
+    min_exp: int = 2,
+) -> list[EmbeddingBagConfig]:
+    """``n`` tables of varied dims and row counts (some fp16 when ``fp16_every``)."""
+    return [
+        EmbeddingBagConfig(
+            name=f"{prefix}{i}",
+            embedding_dim=dims[i % len(dims)],
+            num_embeddings=(97 + 31 * i) * (10 ** (min_exp + i % 4)),
+            feature_names=[f"{prefix}f{i}"],
+            data_type=DataType.FP16 if fp16_every and i % fp16_every == 0 else DataType.FP32,
+        )
+        for i in range(n)
+    ]
+
+
+def seq_tables(n: int, dim: int = 32, fp16_every: int = 0) -> list[EmbeddingConfig]:
+    return [
+        EmbeddingConfig(
+            name=f"s{i}",
+            embedding_dim=dim,
+            num_embeddings=(53 + 17 * i) * (10 ** (2 + i % 4)),
+            feature_names=[f"sf{i}"],
+            data_type=DataType.FP16 if fp16_every and i % fp16_every == 0 else DataType.FP32,
+        )
+        for i in range(n)
+    ]
+
+
+@dataclass
+class Case:
+    """One planning problem; ``planner_kwargs`` is a factory so each planner gets fresh objects."""
+
+    name: str
+    module: Callable[[], torch.nn.Module]
+    world_size: int
+    local_world_size: int
+    device: str
+    hbm_cap: int | None = None
+    ddr_cap: int | None = None
+    planner_kwargs: Callable[[], dict[str, Any]] = field(default=lambda: {})
+
+    def topology(self) -> Topology:
+        return Topology(
+            world_size=self.world_size,
+            local_world_size=self.local_world_size,
+            compute_device=self.device,
+            hbm_cap=self.hbm_cap,
+            ddr_cap=self.ddr_cap,
+        )
+
+
+def run_both(case: Case) -> tuple[Any, Any, FastPlanner]:
+    """Plan ``case`` with both planners. Returns (fast result, stock result, fast planner)."""
+    module = case.module()
+    results = []
+    planners = []
+    for cls in (FastPlanner, EmbeddingShardingPlanner):
+        planner = cls(topology=case.topology(), **case.planner_kwargs())
+        try:
+            results.append(planner.plan(module, get_default_sharders()))
+        except Exception as e:  # compared below: same type, same message
+            results.append(e)
+        planners.append(planner)
+    return results[0], results[1], planners[0]
+
+
+def _constraints_mixed() -> dict[str, ParameterConstraints]:
+    return {
+        "t0": ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value]),
+        "t1": ParameterConstraints(
+            sharding_types=[ShardingType.TABLE_ROW_WISE.value, ShardingType.TABLE_WISE.value]
+        ),
+        "t2": ParameterConstraints(
+            sharding_types=[ShardingType.COLUMN_WISE.value], min_partition=16
+        ),
+        "t3": ParameterConstraints(
+            compute_kernels=[EmbeddingComputeKernel.FUSED_UVM_CACHING.value],
+            cache_params=CacheParams(load_factor=0.25),
+        ),
+        "t4": ParameterConstraints(pooling_factors=[7.5], num_poolings=[2.0]),
+        "t5": ParameterConstraints(
+            sharding_types=[ShardingType.DATA_PARALLEL.value, ShardingType.TABLE_WISE.value],
+            pooling_factors=[1.0, 3.0],
+            batch_sizes=[256, 1024],
+            feature_names=["tf5", "tf5b"],
+        ),
+        "t6": ParameterConstraints(
+            compute_kernels=[EmbeddingComputeKernel.FUSED_UVM.value], enforce_hbm=True
+        ),
+        "t7": ParameterConstraints(
+            sharding_types=[ShardingType.TABLE_COLUMN_WISE.value], stochastic_rounding=False
+        ),
+    }
+
+
+def _constrained_module() -> torch.nn.Module:
+    tables = bag_tables(12, fp16_every=3)
+    tables[5] = EmbeddingBagConfig(
+        name="t5", embedding_dim=32, num_embeddings=50_000, feature_names=["tf5", "tf5b"]
+    )
+    return ebc(tables)
+
+
+CASES = [
+    Case("ebc-cpu-ws8", lambda: ebc(bag_tables(48)), 8, 8, "cpu"),
+    Case("ebc-cpu-ws1", lambda: ebc(bag_tables(16)), 1, 1, "cpu"),
+    Case("ebc-cpu-ws16-lws2", lambda: ebc(bag_tables(32, fp16_every=2)), 16, 2, "cpu"),
+    Case("ec-cpu-ws4-lws2", lambda: ec(seq_tables(24, fp16_every=4)), 4, 2, "cpu"),
+    Case("ebc-cuda-ws16", lambda: ebc(bag_tables(12, fp16_every=3)), 16, 8, "cuda"),
+    Case("ebc-cuda-ws2-lws1", lambda: ebc(bag_tables(10)), 2, 1, "cuda"),
+    Case("ec-cuda-ws8", lambda: ec(seq_tables(10, dim=64)), 8, 8, "cuda"),
+    Case("ebc-cuda-ws64", lambda: ebc(bag_tables(10)), 64, 8, "cuda"),
+    Case("ebc-cuda-ws512", lambda: ebc(bag_tables(4)), 512, 8, "cuda"),
+    Case("ebc-cpu-ws512", lambda: ebc(bag_tables(12)), 512, 8, "cpu"),
+    Case("ebc-cuda-grid-search", lambda: ebc(bag_tables(3)), 4, 2, "cuda"),
+    Case(
+        "ebc-cuda-tight-hbm",  # storage binds: shards spill to less loaded devices, some fail
+        lambda: ebc(bag_tables(12)),
+        8,
+        4,
+        "cuda",
+        hbm_cap=40 * MB,
+    ),
+    Case(
+        "constraints-cuda",
+        _constrained_module,
+        16,
+        8,
+        "cuda",
+        planner_kwargs=lambda: {"constraints": _constraints_mixed()},
+    ),
+    Case(
+        "constraints-cpu",
+        _constrained_module,
+        8,
+        4,
+        "cpu",
+        planner_kwargs=lambda: {
+            "constraints": {
+                k: v for k, v in _constraints_mixed().items() if k in ("t2", "t4", "t5", "t7")
+            }
+        },
+    ),
+    Case(
+        "partitioner-perf-balanced",
+        lambda: ebc(bag_tables(10) + bag_tables(6, prefix="u")),
+        8,
+        4,
+        "cuda",
+        planner_kwargs=lambda: {
+            "partitioner": GreedyPerfPartitioner(sort_by=SortBy.PERF, balance_modules=True)
+        },
+    ),
+    Case(  # feedback-driven proposer: the proposal-by-proposal search
+        "greedy-threshold",
+        lambda: ebc(bag_tables(20)),
+        8,
+        8,
+        "cuda",
+        planner_kwargs=lambda: {
+            "proposer": [GreedyProposer(threshold=3), GreedyProposer(use_depth=False)]
+        },
+    ),
+    Case(  # a timeout also selects the proposal-by-proposal search
+        "timeout",
+        lambda: ebc(bag_tables(20)),
+        8,
+        8,
+        "cpu",
+        planner_kwargs=lambda: {"timeout_seconds": 600, "proposer": UniformProposer()},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_same_plan_as_stock(case: Case) -> None:
+    fast, stock, planner = run_both(case)
+    assert not isinstance(stock, Exception), f"stock planner failed: {stock!r}"
+    assert isinstance(fast, ShardingPlan), f"FastPlanner failed: {fast!r}"
+    assert planner.fallback_reason is None, planner.fallback_reason
+    assert gc.isenabled()  # paused while planning only
+    assert_same_plan(fast, stock)
+
+
+NO_FIT_CASES = [
+    Case("no-fit-cuda-storage", lambda: ebc(bag_tables(8, dims=(256,))), 4, 2, "cuda", hbm_cap=MB),
+    Case("no-fit-cpu-storage", lambda: ebc(bag_tables(8, dims=(256,))), 2, 2, "cpu", ddr_cap=MB),
+    Case(
+        "no-fit-strict-constraints",  # fits globally, but column-wise shards cannot be placed
+        lambda: ebc(bag_tables(4, dims=(128,))),
+        2,
+        2,
+        "cuda",
+        hbm_cap=256 * MB,
+        planner_kwargs=lambda: {
+            "constraints": {
+                f"t{i}": ParameterConstraints(
+                    sharding_types=[ShardingType.COLUMN_WISE.value],
+                    min_partition=8,
+                    compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+                )
+                for i in range(4)
+            }
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("case", NO_FIT_CASES, ids=[c.name for c in NO_FIT_CASES])
+def test_same_error_when_nothing_fits(case: Case) -> None:
+    fast, stock, planner = run_both(case)
+    assert isinstance(stock, PlannerError), f"the case should not fit: stock returned {stock!r}"
+    assert type(fast) is type(stock)
+    assert fast.error_type == stock.error_type
+    # the stock message can name a ShardingOption by its memory address ("object at 0x7f..."),
+    # which differs between any two runs; everything else must match character for character
+    assert _no_addresses(str(fast)) == _no_addresses(str(stock))
+    assert planner.fallback_reason is None
+
+
+def test_stock_fallback_gives_same_plan() -> None:
+    """A partitioner the fast search does not replay runs the stock planner (same plan)."""
+    case = Case(
+        "memory-balanced",
+        lambda: ebc(bag_tables(8)),
+        4,
+        2,
+        "cuda",
+        planner_kwargs=lambda: {"partitioner": MemoryBalancedPartitioner()},
+    )
+    fast, stock, planner = run_both(case)
+    assert planner.fallback_reason is not None
+    assert_same_plan(fast, stock)
+
+
+def test_fast_enumerator_estimates_match_stock() -> None:
+    """The memoising estimators give every shard of every option the stock storage and perf."""
+    module = _constrained_module()
+    for device, ws, keep in (("cuda", 16, "01234567"), ("cpu", 8, "2457")):
+        constraints = {k: v for k, v in _constraints_mixed().items() if k[1] in keep}
+        topo = Topology(world_size=ws, local_world_size=4, compute_device=device)
+        fast = FastPlanner(topology=topo, constraints=constraints)._enumerator
+        stock = EmbeddingEnumerator(topology=topo, batch_size=512, constraints=constraints)
+        a = fast.enumerate(module, get_default_sharders())
+        b = stock.enumerate(module, get_default_sharders())
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b):
+            assert (x.fqn, x.sharding_type, x.compute_kernel) == (
+                y.fqn,
+                y.sharding_type,
+                y.compute_kernel,
+            )
+            assert x.is_weighted == y.is_weighted
+            assert [(s.size, s.offset, s.storage, s.perf) for s in x.shards] == [
+                (s.size, s.offset, s.storage, s.perf) for s in y.shards
+            ]
+            assert len({id(s.perf) for s in x.shards}) == len(x.shards)  # no shared objects
+        # the stored copy is a deep copy equal to the stock one
+        kept_a, kept_b = fast.last_stored_search_space, stock.last_stored_search_space
+        assert kept_a is not None and kept_b is not None
+        assert [hash(so) for so in kept_a] == [hash(so) for so in kept_b]
+        assert not {id(s) for so in kept_a for s in so.shards} & {
+            id(s) for so in a for s in so.shards
+        }
+
+
+def test_lower_bound_never_exceeds_rating() -> None:
+    """The pruning bound is below the exact rating of every proposal (so pruning is safe)."""
+    module = ebc(bag_tables(10, fp16_every=2))
+    for device, ws, lws in (("cuda", 16, 4), ("cpu", 8, 8)):
+        planner = FastPlanner(
+            topology=Topology(world_size=ws, local_world_size=lws, compute_device=device)
+        )
+        search_space = planner._enumerator.enumerate(module, get_default_sharders())
+        storage = planner._storage_reservation.reserve(
+            topology=planner._topology,
+            batch_size=planner._batch_size,
+            module=module,
+            sharders=get_default_sharders(),
+        )
+        opts = [fast_planner_module._Opt(so) for so in search_space]
+        search = fast_planner_module._Search(opts, storage, ws, False, False)
+        replay = fast_planner_module._GreedyReplay(opts, GreedyProposer())
+        checked = 0
+        proposal = replay.propose()
+        while proposal:
+            result = search.evaluate(proposal)
+            if result is not None:
+                assert search.lower_bound(proposal) <= result[1] * (1 + 1e-12)
+                checked += 1
+            replay.feedback(result is not None, None)
+            proposal = replay.propose()
+        assert checked > 10
+
+
+def test_import_is_cheap() -> None:
+    """``import fastinit.sharding`` loads neither torchrec.distributed nor the planner."""
+    code = (
+        "import sys, fastinit.sharding as s; "
+        "assert 'torchrec.distributed' not in sys.modules, 'torchrec.distributed imported'; "
+        "assert 'fastinit.sharding.planner' not in sys.modules; "
+        "assert 'FastPlanner' in s.__all__"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "n_tables,world_size,device", [(128, 8, "cpu"), (64, 64, "cpu"), (24, 32, "cuda")]
+)
+def test_same_plan_as_stock_larger(n_tables: int, world_size: int, device: str) -> None:
+    case = Case(
+        "larger", lambda: ebc(bag_tables(n_tables, fp16_every=5, min_exp=1)), world_size, 8, device
+    )
+    fast, stock, _ = run_both(case)
+    assert isinstance(stock, ShardingPlan), f"stock planner failed: {stock!r}"
+    assert isinstance(fast, ShardingPlan), f"FastPlanner failed: {fast!r}"
+    assert_same_plan(fast, stock)

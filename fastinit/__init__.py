@@ -8,15 +8,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "trace", "knobs"]
+__all__ = [
+    "__version__",
+    "setup",
+    "StartupError",
+    "StartupMismatchError",
+    "PlanMismatchError",
+    "trace",
+    "knobs",
+]
 
 if TYPE_CHECKING:
     from fastinit import knobs, trace
+    from fastinit.startup import PlanMismatchError, StartupError, StartupMismatchError, setup
+
+_STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
 
 
 def __getattr__(name: str) -> Any:
     import importlib
 
+    if name in _STARTUP:
+        from fastinit import startup
+
+        return getattr(startup, name)
     if name in ("trace", "knobs", "testing", "sharding", "pg", "warmup"):
         return importlib.import_module(f"fastinit.{name}")
     raise AttributeError(f"module 'fastinit' has no attribute {name!r}")

@@ -1,0 +1,467 @@
+"""A versioned, pickle-free encoding of TorchRec sharding plans.
+
+The plan is the one message the start-up protocol sends, and what the plan cache stores, so its
+encoding must be small, deterministic (the same plan is the same bytes on every rank and in every
+process) and safe to decode from untrusted bytes: decoding parses JSON and constructs only the
+types named in an explicit allowlist; it never imports or calls anything named in the data.
+
+Format (version 1)::
+
+    b"FIPLAN\\0" + uint16 big-endian format version + canonical JSON (UTF-8)
+
+The JSON is ``{"plan": [[module_path, module_plan], ...]}``; module and parameter order are kept
+as in the plan (TorchRec iterates them), while the fields of every object are written sorted by
+name (``sort_keys``), with fixed separators. Values are tagged where JSON alone is ambiguous:
+
+* ``{"$t": "<allowlisted class>", "$f": {field: value, ...}}``: a dataclass or NamedTuple;
+* ``{"$t": "EmbeddingModuleShardingPlan", "$items": [[param_name, ParameterSharding], ...]}``;
+* ``{"$e": "<allowlisted enum>", "$v": "<member name>"}``;
+* ``{"$t": "remote_device", "$s": "rank:0/cpu"}``: a shard placement;
+* ``{"$tuple": [...]}``, ``{"$frozenset": [...]}`` (items in canonical order);
+* ``{"$float": "nan" | "inf" | "-inf"}``.
+
+Example::
+
+    data = encode_plan(plan)
+    assert plan_digest(plan) == hashlib.sha256(data).digest()
+    same = decode_plan(data)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+import math
+import struct
+import types
+import typing
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import ShardingPlan
+
+__all__ = [
+    "MAGIC",
+    "FORMAT_VERSION",
+    "PlanDecodeError",
+    "PlanEncodeError",
+    "encode_plan",
+    "decode_plan",
+    "plan_digest",
+]
+
+#: The first bytes of every encoded plan.
+MAGIC = b"FIPLAN\x00"
+#: The format version written after the magic; decoding any other version fails.
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(">H")
+_HEADER_LEN = len(MAGIC) + _HEADER.size
+_EMBEDDING_PLAN = "EmbeddingModuleShardingPlan"
+_REMOTE_DEVICE = "remote_device"
+
+
+class PlanDecodeError(ValueError):
+    """The bytes are not a plan this version of fastinit wrote (truncated, foreign, malformed)."""
+
+
+class PlanEncodeError(TypeError):
+    """The plan holds a value the codec cannot encode (a type outside its allowlist)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Registry:
+    """The allowlist: the only classes the codec writes and constructs, by stable name."""
+
+    objects: dict[str, type]
+    """Dataclasses and NamedTuples, encoded field by field."""
+    enums: dict[str, type[enum.Enum]]
+    """Enums, encoded by member name."""
+    names: dict[type, str]
+    """The inverse of ``objects`` and ``enums``."""
+    hints: dict[str, dict[str, Any]]
+    """Field type hints per object class (empty where they cannot be resolved)."""
+    placement: type
+    """The type of ``ShardMetadata.placement`` (torch's ``_remote_device``), found through the
+    public constructor rather than by its private name."""
+
+
+@functools.cache
+def _registry() -> _Registry:
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        BoundsCheckMode,
+        CacheAlgorithm,
+        MultiPassPrefetchConfig,
+    )
+    from fbgemm_gpu.tbe.monitoring import TBEStatsReporterConfig
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+    from torchrec.distributed.types import (
+        CacheParams,
+        KeyValueParams,
+        ObjectPoolShardingPlan,
+        ObjectPoolShardingType,
+        ParameterSharding,
+    )
+    from torchrec.types import DataType
+
+    objects: dict[str, type] = {
+        "ParameterSharding": ParameterSharding,
+        "CacheParams": CacheParams,
+        "KeyValueParams": KeyValueParams,
+        "EnumerableShardingSpec": EnumerableShardingSpec,
+        "ShardMetadata": ShardMetadata,
+        "MultiPassPrefetchConfig": MultiPassPrefetchConfig,
+        "TBEStatsReporterConfig": TBEStatsReporterConfig,
+        "ObjectPoolShardingPlan": ObjectPoolShardingPlan,
+    }
+    enums: dict[str, type[enum.Enum]] = {
+        "DataType": DataType,
+        "BoundsCheckMode": BoundsCheckMode,
+        "CacheAlgorithm": CacheAlgorithm,
+        "ObjectPoolShardingType": ObjectPoolShardingType,
+    }
+    try:  # KeyValueParams.kvzch_tbe_config (fbgemm_gpu >= 1.8 keeps these in tbe.ssd)
+        from fbgemm_gpu.tbe.ssd import ssd_config
+
+        objects["KVZCHTBEConfig"] = ssd_config.KVZCHTBEConfig
+        objects["EnrichmentPolicy"] = ssd_config.EnrichmentPolicy
+        enums["EnrichmentType"] = ssd_config.EnrichmentType
+        enums["EnrichmentResponseFormat"] = ssd_config.EnrichmentResponseFormat
+    except (ImportError, AttributeError):  # pragma: no cover - older fbgemm_gpu
+        pass
+    try:
+        from fbgemm_gpu.tbe.monitoring.runtime_monitor import StdLogStatsReporterConfig
+
+        objects["StdLogStatsReporterConfig"] = StdLogStatsReporterConfig
+    except ImportError:  # pragma: no cover - older fbgemm_gpu
+        pass
+
+    hints: dict[str, dict[str, Any]] = {}
+    for name, cls in objects.items():
+        try:
+            hints[name] = typing.get_type_hints(cls)
+        except Exception:  # pragma: no cover - unresolvable annotations: no type checks
+            hints[name] = {}
+    names: dict[type, str] = {cls: name for name, cls in objects.items()}
+    names.update({cls: name for name, cls in enums.items()})
+    placement = type(ShardMetadata([0], [1], "rank:0/cpu").placement)
+    return _Registry(objects=objects, enums=enums, names=names, hints=hints, placement=placement)
+
+
+def _field_names(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(cls._fields)  # type: ignore[attr-defined]  # NamedTuple
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+
+def _canonical_json(obj: Any) -> str:
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def _encode_value(value: Any, where: str) -> Any:
+    reg = _registry()
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        name = reg.names.get(type(value))
+        if name is None:
+            raise PlanEncodeError(
+                f"{where}: enum {type(value).__qualname__} is not in the codec's allowlist"
+            )
+        return {"$e": name, "$v": value.name}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return float(value)
+        return {"$float": repr(value)}
+    if isinstance(value, reg.placement):
+        return {"$t": _REMOTE_DEVICE, "$s": str(value)}
+    name = reg.names.get(type(value))
+    if name is not None:
+        fields = {
+            f: _encode_value(getattr(value, f), f"{where}.{f}") for f in _field_names(type(value))
+        }
+        return {"$t": name, "$f": fields}
+    if isinstance(value, list):
+        return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, tuple) and type(value) is tuple:
+        return {"$tuple": [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, frozenset):
+        items = [_encode_value(v, f"{where}{{}}") for v in value]
+        return {"$frozenset": sorted(items, key=_canonical_json)}
+    raise PlanEncodeError(
+        f"{where}: cannot encode a value of type {type(value).__module__}."
+        f"{type(value).__qualname__}; the plan codec only writes the types of TorchRec's "
+        f"ParameterSharding (allowlist: {sorted(reg.names.values())})"
+    )
+
+
+def _encode_module_plan(module_plan: Any, where: str) -> Any:
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    if type(module_plan) is EmbeddingModuleShardingPlan:
+        items = [
+            [name, _encode_value(ps, f"{where}[{name!r}]")] for name, ps in module_plan.items()
+        ]
+        for name, _ in items:
+            if not isinstance(name, str):
+                raise PlanEncodeError(f"{where}: parameter names must be str, got {name!r}")
+        return {"$t": _EMBEDDING_PLAN, "$items": items}
+    if type(module_plan) in _registry().names:
+        return _encode_value(module_plan, where)
+    raise PlanEncodeError(
+        f"{where}: module plans of type {type(module_plan).__qualname__} are not supported "
+        f"(only EmbeddingModuleShardingPlan and ObjectPoolShardingPlan)"
+    )
+
+
+def encode_plan(plan: ShardingPlan) -> bytes:
+    """Encodes a sharding plan as versioned, canonical, pickle-free bytes.
+
+    Args:
+        plan: a ``torchrec.distributed.types.ShardingPlan``.
+
+    Returns:
+        ``MAGIC + version + canonical JSON``; the same plan always gives the same bytes.
+
+    Raises:
+        PlanEncodeError: the plan holds a type outside the codec's allowlist (for example a
+            user-defined ``CacheParams.stats`` object).
+    """
+    modules = []
+    for path, module_plan in plan.plan.items():
+        if not isinstance(path, str):
+            raise PlanEncodeError(f"module paths must be str, got {path!r}")
+        modules.append([path, _encode_module_plan(module_plan, f"plan[{path!r}]")])
+    body = _canonical_json({"plan": modules}).encode("utf-8")
+    return MAGIC + _HEADER.pack(FORMAT_VERSION) + body
+
+
+def plan_digest(plan: ShardingPlan) -> bytes:
+    """The sha256 of :func:`encode_plan` (32 bytes)."""
+    return hashlib.sha256(encode_plan(plan)).digest()
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+def _fail(where: str, message: str) -> PlanDecodeError:
+    return PlanDecodeError(f"malformed plan at {where}: {message}")
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__qualname__", None) or str(hint)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits the type hint ``hint`` (permissive where a hint is not understood)."""
+    if hint is Any or isinstance(hint, typing.TypeVar | str | typing.ForwardRef):
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list) and (not args or all(_matches(v, args[0]) for v in value))
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_matches(v, args[0]) for v in value)
+        return not args or (len(args) == len(value) and all(map(_matches, value, args)))
+    if origin is frozenset:
+        return isinstance(value, frozenset) and (
+            not args or all(_matches(v, args[0]) for v in value)
+        )
+    if origin is not None or not isinstance(hint, type):
+        return True  # dicts, callables, literals...: not checked
+    return isinstance(value, hint)
+
+
+class _Decoder:
+    def __init__(self) -> None:
+        self.reg = _registry()
+
+    def value(self, obj: Any, where: str) -> Any:
+        if obj is None or isinstance(obj, bool | int | str):
+            return obj
+        if isinstance(obj, float):
+            return obj
+        if isinstance(obj, list):
+            return [self.value(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        if not isinstance(obj, dict):  # pragma: no cover - json gives nothing else
+            raise _fail(where, f"unexpected JSON value {type(obj).__name__}")
+        keys = set(obj)
+        if keys == {"$tuple"}:
+            return tuple(
+                self.value(v, f"{where}[{i}]")
+                for i, v in enumerate(self.list(obj, "$tuple", where))
+            )
+        if keys == {"$frozenset"}:
+            items = [self.value(v, f"{where}{{}}") for v in self.list(obj, "$frozenset", where)]
+            try:
+                return frozenset(items)
+            except TypeError as e:
+                raise _fail(where, f"unhashable frozenset item ({e})") from None
+        if keys == {"$float"}:
+            text = obj["$float"]
+            if text not in ("nan", "inf", "-inf"):
+                raise _fail(where, f"bad $float {text!r}")
+            return float(text)
+        if keys == {"$e", "$v"}:
+            return self.enum(obj["$e"], obj["$v"], where)
+        if keys == {"$t", "$s"}:
+            if obj["$t"] != _REMOTE_DEVICE or not isinstance(obj["$s"], str):
+                raise _fail(where, f"unknown string-backed type {obj['$t']!r}")
+            try:
+                return self.reg.placement(obj["$s"])
+            except Exception as e:
+                raise _fail(where, f"bad placement {obj['$s']!r} ({e})") from None
+        if keys == {"$t", "$f"}:
+            return self.object(obj["$t"], obj["$f"], where)
+        raise _fail(where, f"unexpected object with keys {sorted(map(str, keys))}")
+
+    def list(self, obj: dict[str, Any], key: str, where: str) -> list[Any]:
+        items = obj[key]
+        if not isinstance(items, list):
+            raise _fail(where, f"{key} must hold a list, got {type(items).__name__}")
+        return items
+
+    def enum(self, name: Any, member: Any, where: str) -> enum.Enum:
+        cls = self.reg.enums.get(name) if isinstance(name, str) else None
+        if cls is None:
+            raise _fail(where, f"enum {name!r} is not in the codec's allowlist")
+        if not isinstance(member, str) or member not in cls.__members__:
+            raise _fail(where, f"{name} has no member {member!r}")
+        return cls.__members__[member]
+
+    def object(self, name: Any, fields: Any, where: str) -> Any:
+        cls = self.reg.objects.get(name) if isinstance(name, str) else None
+        if cls is None:
+            raise _fail(where, f"type {name!r} is not in the codec's allowlist")
+        if not isinstance(fields, dict):
+            raise _fail(where, f"the fields of {name} must be an object")
+        known = _field_names(cls)
+        unknown = sorted(set(fields) - set(known))
+        if unknown:
+            raise _fail(where, f"{name} has no field(s) {unknown}")
+        hints = self.reg.hints.get(name, {})
+        kwargs: dict[str, Any] = {}
+        for field, raw in fields.items():
+            value = self.value(raw, f"{where}.{field}")
+            hint = hints.get(field, Any)
+            if not _matches(value, hint):
+                raise _fail(
+                    f"{where}.{field}",
+                    f"expected {_type_name(hint)}, got {type(value).__name__} {value!r:.80}",
+                )
+            kwargs[field] = value
+        try:
+            return cls(**kwargs)
+        except Exception as e:
+            raise _fail(where, f"cannot build {name}: {type(e).__name__}: {e}") from None
+
+    def module_plan(self, obj: Any, where: str) -> Any:
+        from torchrec.distributed.types import (
+            EmbeddingModuleShardingPlan,
+            ModuleShardingPlan,
+            ParameterSharding,
+        )
+
+        if isinstance(obj, dict) and set(obj) == {"$t", "$items"}:
+            if obj["$t"] != _EMBEDDING_PLAN:
+                raise _fail(where, f"unknown module plan type {obj['$t']!r}")
+            out = EmbeddingModuleShardingPlan()
+            for i, item in enumerate(self.list(obj, "$items", where)):
+                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                    raise _fail(f"{where}[{i}]", "expected [parameter name, ParameterSharding]")
+                name, raw = item
+                if name in out:
+                    raise _fail(where, f"parameter {name!r} appears twice")
+                ps = self.value(raw, f"{where}[{name!r}]")
+                if not isinstance(ps, ParameterSharding):
+                    raise _fail(f"{where}[{name!r}]", "expected a ParameterSharding")
+                out[name] = ps
+            return out
+        plan = self.value(obj, where)
+        if not isinstance(plan, ModuleShardingPlan):
+            raise _fail(where, "expected a module sharding plan")
+        return plan
+
+
+def decode_plan(data: bytes) -> ShardingPlan:
+    """Decodes bytes written by :func:`encode_plan`; never executes code named in the data.
+
+    Args:
+        data: the encoded plan (possibly untrusted).
+
+    Returns:
+        The ``ShardingPlan``, with modules and parameters in their encoded order.
+
+    Raises:
+        PlanDecodeError: the bytes are truncated, foreign (wrong magic), of another format
+            version, not canonical JSON, or hold a type or value the plan cannot have.
+    """
+    from torchrec.distributed.types import ShardingPlan
+
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PlanDecodeError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _HEADER_LEN:
+        if MAGIC.startswith(data[: len(MAGIC)]):
+            raise PlanDecodeError(f"truncated plan: {len(data)} bytes, header needs {_HEADER_LEN}")
+        raise PlanDecodeError("not a fastinit plan (wrong magic)")
+    if data[: len(MAGIC)] != MAGIC:
+        raise PlanDecodeError(
+            f"not a fastinit plan (wrong magic {data[: len(MAGIC)]!r}, expected {MAGIC!r})"
+        )
+    (version,) = _HEADER.unpack_from(data, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise PlanDecodeError(
+            f"plan format version {version} is not supported (this fastinit reads version "
+            f"{FORMAT_VERSION})"
+        )
+    try:
+        root = json.loads(data[_HEADER_LEN:].decode("utf-8"), parse_constant=_no_constant)
+    except PlanDecodeError:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise PlanDecodeError(
+            f"truncated or malformed plan body: {type(e).__name__}: {e}"
+        ) from None
+    if not (isinstance(root, dict) and set(root) == {"plan"} and isinstance(root["plan"], list)):
+        raise PlanDecodeError('malformed plan: the body must be {"plan": [...]}')
+    decoder = _Decoder()
+    modules: dict[str, Any] = {}
+    try:
+        for i, item in enumerate(root["plan"]):
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                raise _fail(f"plan[{i}]", "expected [module path, module plan]")
+            path, raw = item
+            if path in modules:
+                raise _fail("plan", f"module {path!r} appears twice")
+            modules[path] = decoder.module_plan(raw, f"plan[{path!r}]")
+    except RecursionError:
+        raise PlanDecodeError("malformed plan: nested too deeply") from None
+    return ShardingPlan(plan=modules)
+
+
+def _no_constant(name: str) -> Any:
+    raise PlanDecodeError(f"malformed plan body: bare {name} is not canonical JSON")

@@ -1,0 +1,410 @@
+"""Digests of what determines a sharding plan, and of a module's dense state.
+
+:func:`planner_fingerprint` is the key of the plan cache and the value every rank compares in the
+start-up record: two processes with the same fingerprint would get the same plan from the same
+planner. It is a sha256 over a canonical JSON document (sorted keys, no ``hash()``, no ``id()``, no
+``repr`` of arbitrary objects), so it is the same in every process whatever ``PYTHONHASHSEED``.
+
+:func:`dense_digest` hashes the parameters and buffers that the plan does not shard, so ranks can
+tell without a broadcast whether they already hold the same dense state.
+
+Example::
+
+    key = planner_fingerprint(model, sharders, topology, constraints=constraints)
+    names = sharded_parameter_names(model, plan)
+    digest = dense_digest(model, names)  # None while anything dense is on "meta"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+
+__all__ = [
+    "FINGERPRINT_VERSION",
+    "planner_fingerprint",
+    "planner_inputs",
+    "dense_digest",
+    "sharded_parameter_names",
+]
+
+#: Bumped whenever what the fingerprint covers changes, so old cache entries stop matching.
+FINGERPRINT_VERSION = 1
+
+# Table config fields that only decide initial values, never the plan.
+_INIT_ONLY_FIELDS = frozenset({"init_fn", "weight_init_max", "weight_init_min"})
+_MAX_DEPTH = 8
+
+
+def _qualname(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _canon(value: Any, depth: int = 0, exclude: frozenset[str] = frozenset()) -> Any:
+    """A JSON-able, process-independent description of ``value``.
+
+    Never uses ``hash()``, ``id()`` or an object's ``repr`` (which may hold a memory address):
+    objects are described by their class and the constructor arguments they keep.
+    """
+    import torch
+
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return {"enum": _qualname(value), "name": value.name}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, torch.dtype | torch.device):
+        return str(value)
+    if isinstance(value, torch.Size):
+        return list(value)
+    if isinstance(value, torch.Tensor):
+        return {"tensor": list(value.shape), "dtype": str(value.dtype), "device": value.device.type}
+    if isinstance(value, type):
+        return {"class": _qualname(value)}
+    if depth > _MAX_DEPTH:
+        return {"object": _qualname(value), "truncated": True}
+    deeper = depth + 1
+    if dataclasses.is_dataclass(value):
+        fields = {
+            f.name: _canon(getattr(value, f.name), deeper)
+            for f in dataclasses.fields(value)
+            if f.name not in exclude
+        }
+        return {"object": _qualname(value), "fields": fields}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple
+        fields = {f: _canon(getattr(value, f), deeper) for f in value._fields if f not in exclude}
+        return {"object": _qualname(value), "fields": fields}
+    if isinstance(value, list | tuple):
+        return [_canon(v, deeper) for v in value]
+    if isinstance(value, Mapping):
+        items = [[_canon(k, deeper), _canon(v, deeper)] for k, v in value.items()]
+        return {"mapping": sorted(items, key=_dumps)}
+    if isinstance(value, set | frozenset):
+        return {"set": sorted((_canon(v, deeper) for v in value), key=_dumps)}
+    if isinstance(value, functools.partial):
+        return {
+            "partial": _canon(value.func, deeper),
+            "args": _canon(value.args, deeper),
+            "kwargs": _canon(value.keywords, deeper),
+        }
+    if inspect.isroutine(value):  # functions, methods, builtins: by name, never by address
+        name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+        return {"callable": f"{getattr(value, '__module__', None)}.{name}"}
+    if _is_topology(value):
+        return _topology_doc(value)
+    from fastinit.sharding._torchrec import constructor_settings
+
+    settings = constructor_settings(value)
+    return {
+        "object": _qualname(value),
+        "settings": {k: _canon(v, deeper) for k, v in settings.items()},
+    }
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _is_topology(value: Any) -> bool:
+    from torchrec.distributed.planner.types import Topology
+
+    return isinstance(value, Topology)
+
+
+def _topology_doc(topology: Topology) -> dict[str, Any]:
+    from fastinit.sharding._torchrec import topology_custom_data
+
+    return {
+        "class": _qualname(topology),
+        "world_size": topology.world_size,
+        "local_world_size": topology.local_world_size,
+        "intra_group_size": topology.intra_group_size,
+        "compute_device": topology.compute_device,
+        "devices": [
+            {
+                "rank": d.rank,
+                "hbm": d.storage.hbm,
+                "ddr": d.storage.ddr,
+                "ssd": d.storage.ssd,
+                "perf": [
+                    _canon(d.perf.fwd_compute),
+                    _canon(d.perf.fwd_comms),
+                    _canon(d.perf.bwd_compute),
+                    _canon(d.perf.bwd_comms),
+                ],
+            }
+            for d in topology.devices
+        ],
+        "hbm_mem_bw": _canon(topology.hbm_mem_bw),
+        "ddr_mem_bw": _canon(topology.ddr_mem_bw),
+        "ssd_mem_bw": _canon(topology.ssd_mem_bw),
+        "hbm_to_ddr_mem_bw": _canon(topology.hbm_to_ddr_mem_bw),
+        "intra_host_bw": _canon(topology.intra_host_bw),
+        "inter_host_bw": _canon(topology.inter_host_bw),
+        "comms_bandwidths": _canon(topology.comms_bandwidths, depth=1),
+        "bwd_compute_multiplier": _canon(topology.bwd_compute_multiplier),
+        "weighted_feature_bwd_compute_multiplier": _canon(
+            topology.weighted_feature_bwd_compute_multiplier
+        ),
+        "uneven_sharding_perf_multiplier": _canon(topology.uneven_sharding_perf_multiplier),
+        "custom_topology_data": _canon(topology_custom_data(topology)),
+    }
+
+
+def _table_configs(module: nn.Module) -> list[Any] | None:
+    for getter in ("embedding_bag_configs", "embedding_configs"):
+        fn = getattr(module, getter, None)
+        if callable(fn):
+            return [_canon(c, exclude=_INIT_ONLY_FIELDS) for c in fn()]
+    return None
+
+
+def _shardable_modules(
+    module: nn.Module, sharders: Sequence[ModuleSharder[Any]], compute_device: str
+) -> list[dict[str, Any]]:
+    """The modules the planner would shard, found as ``EmbeddingEnumerator.enumerate`` does:
+    from the root down, by exact type against each sharder's ``module_type`` (the last sharder
+    of a type wins), not descending into a module that has a sharder."""
+    from torchrec.distributed.planner.utils import sharder_name
+
+    by_type = {sharder_name(s.module_type): s for s in sharders}
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[str, nn.Module]] = [("", module)]
+    while stack:
+        path, child = stack.pop(0)
+        sharder = by_type.get(sharder_name(type(child)))
+        if sharder is None:
+            stack[0:0] = [(f"{path}.{n}" if path else n, m) for n, m in child.named_children()]
+            continue
+        is_weighted = getattr(child, "is_weighted", None)
+        params = [
+            [name, list(p.shape), str(p.dtype), p.device.type]
+            for name, p in sharder.shardable_parameters(child).items()
+        ]
+        out.append(
+            {
+                "path": path,
+                "type": _qualname(child),
+                "sharder": _qualname(sharder),
+                "is_weighted": bool(is_weighted()) if callable(is_weighted) else None,
+                "shardable_parameters": params,
+                "tables": _table_configs(child),
+            }
+        )
+    return out
+
+
+def _sharder_doc(sharder: ModuleSharder[Any], compute_device: str) -> dict[str, Any]:
+    sharding_types = list(sharder.sharding_types(compute_device))
+    return {
+        "class": _qualname(sharder),
+        "module_type": _qualname(sharder.module_type),
+        "sharding_types": sharding_types,
+        "compute_kernels": {
+            st: list(sharder.compute_kernels(st, compute_device)) for st in sharding_types
+        },
+        "fused_params": _canon(getattr(sharder, "fused_params", None)),
+        "qcomm_codecs": _canon(sharder.qcomm_codecs_registry),
+    }
+
+
+def _constraints_doc(constraints: Mapping[str, ParameterConstraints] | None) -> Any:
+    if constraints is None:
+        return None
+    return {name: _canon(c) for name, c in sorted(constraints.items())}
+
+
+def _planner_doc(planner: ShardingPlanner | None) -> dict[str, Any]:
+    if planner is None:
+        return {"default": "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"}
+    from fastinit.sharding._torchrec import planner_settings
+
+    settings = planner_settings(planner)
+    return {
+        "class": _qualname(planner),
+        "settings": {k: _canon(v, depth=1) for k, v in sorted(settings.items())},
+    }
+
+
+@functools.cache
+def _versions() -> dict[str, str | None]:
+    import torch
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    fbgemm = version("fbgemm_gpu") or version("fbgemm_gpu_cpu") or version("fbgemm-gpu-cpu")
+    return {"torch": str(torch.__version__), "torchrec": version("torchrec"), "fbgemm_gpu": fbgemm}
+
+
+def planner_inputs(
+    module: nn.Module,
+    sharders: Sequence[ModuleSharder[Any]],
+    topology: Topology,
+    *,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    planner: ShardingPlanner | None = None,
+) -> dict[str, Any]:
+    """The canonical document :func:`planner_fingerprint` hashes (for diagnostics and tests).
+
+    Args: as :func:`planner_fingerprint`.
+
+    Returns:
+        A JSON-able dict: ``format``, ``versions``, ``modules``, ``sharders``, ``topology``,
+        ``constraints``, ``planner``.
+    """
+    if constraints is None and planner is not None:
+        from fastinit.sharding._torchrec import planner_settings
+
+        constraints = planner_settings(planner).get("constraints")
+    device = topology.compute_device
+    return {
+        "format": FINGERPRINT_VERSION,
+        "versions": _versions(),
+        "modules": _shardable_modules(module, sharders, device),
+        "sharders": [_sharder_doc(s, device) for s in sharders],
+        "topology": _topology_doc(topology),
+        "constraints": _constraints_doc(constraints),
+        "planner": _planner_doc(planner),
+    }
+
+
+def planner_fingerprint(
+    module: nn.Module,
+    sharders: Sequence[ModuleSharder[Any]],
+    topology: Topology,
+    *,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    planner: ShardingPlanner | None = None,
+) -> bytes:
+    """A digest of everything that determines the sharding plan (32 bytes).
+
+    Covers every module the planner would shard (path, type, shardable parameters' names,
+    shapes, dtypes and devices, every table config field except the init-only ones), the
+    sharders (class, module type, sharding types and compute kernels for the topology's device,
+    fused params, qcomm codecs), the topology (world and local sizes, every device's memory and
+    perf, bandwidths, multipliers, custom topology data), every ``ParameterConstraints`` field,
+    the planner's class and settings (batch size, enumerator, estimators, storage reservation,
+    proposers, partitioner, performance model, callbacks, timeout, plan loader, each by class
+    and kept constructor arguments), and the torch, torchrec and fbgemm_gpu versions.
+
+    Args:
+        module: the unsharded model (parameters may be on "meta").
+        sharders: the sharders the plan is made for.
+        topology: the planner's topology.
+        constraints: per-table constraints; default: the planner's.
+        planner: the planner that would plan; None means TorchRec's default
+            ``EmbeddingShardingPlanner(topology, constraints=constraints)``.
+
+    Returns:
+        The sha256 digest of :func:`planner_inputs`' canonical JSON; the same in every process.
+    """
+    doc = planner_inputs(module, sharders, topology, constraints=constraints, planner=planner)
+    return hashlib.sha256(_dumps(doc).encode("utf-8")).digest()
+
+
+def sharded_parameter_names(
+    module: nn.Module, plan: ShardingPlan, *, data_parallel: bool = True
+) -> set[str]:
+    """The fully qualified names of the table weights ``plan`` shards in ``module``.
+
+    A parameter ``<path>.<...>.<table>.weight`` of the module at ``<path>`` is a table of the
+    plan when ``<table>`` is a parameter name of that module's plan (the layout of TorchRec's
+    ``EmbeddingBagCollection`` (``embedding_bags``) and ``EmbeddingCollection`` (``embeddings``)).
+
+    Args:
+        module: the unsharded model.
+        plan: its sharding plan.
+        data_parallel: include data-parallel tables (replicated, not split); False treats them
+            as dense.
+
+    Returns:
+        e.g. ``{"sparse.ebc.embedding_bags.t0.weight", ...}``.
+    """
+    names: set[str] = set()
+    for path, module_plan in plan.plan.items():
+        if not isinstance(module_plan, Mapping):
+            continue
+        try:
+            sub = module.get_submodule(path)
+        except AttributeError:
+            continue
+        for pname, _ in sub.named_parameters():
+            parts = pname.split(".")
+            if len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in module_plan:
+                continue
+            if not data_parallel and module_plan[parts[-2]].sharding_type == "data_parallel":
+                continue
+            names.add(f"{path}.{pname}" if path else pname)
+    return names
+
+
+def _dense_tensors(
+    module: nn.Module, sharded_param_names: Iterable[str]
+) -> list[tuple[str, str, torch.Tensor]]:
+    excluded = set(sharded_param_names)
+    out: list[tuple[str, str, torch.Tensor]] = []
+    for kind, named in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
+        for name, tensor in named:
+            if name not in excluded:
+                out.append((name, kind, tensor))
+    out.sort(key=lambda item: (item[0], item[1]))
+    return out
+
+
+def dense_digest(module: nn.Module, sharded_param_names: set[str]) -> bytes | None:
+    """A digest of the module's dense state as it is now (32 bytes), or None if it is on meta.
+
+    Hashes, in name order, every parameter and buffer not in ``sharded_param_names``: its name,
+    kind, dtype, shape and bytes. CUDA tensors are copied to the CPU.
+
+    Args:
+        module: the model.
+        sharded_param_names: fully qualified names of the tables the plan shards (see
+            :func:`sharded_parameter_names`); they are left out.
+
+    Returns:
+        The sha256 digest, or None when any dense parameter or buffer is on the meta device.
+    """
+    import torch
+
+    tensors = _dense_tensors(module, sharded_param_names)
+    if any(t.device.type == "meta" for _, _, t in tensors):
+        return None
+    h = hashlib.sha256()
+    h.update(f"fastinit-dense/{FINGERPRINT_VERSION}\n".encode())
+    for name, kind, tensor in tensors:
+        t = tensor.detach()
+        if t.is_sparse:
+            t = t.to_dense()
+        header = {"name": name, "kind": kind, "dtype": str(t.dtype), "shape": list(t.shape)}
+        h.update(_dumps(header).encode("utf-8"))
+        h.update(b"\n")
+        if t.numel() == 0:
+            continue
+        flat = t.cpu().contiguous().reshape(-1)
+        if flat.dtype != torch.uint8:
+            flat = flat.view(torch.uint8)
+        h.update(flat.numpy().data)
+    return h.digest()

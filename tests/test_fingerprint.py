@@ -1,0 +1,292 @@
+"""planner_fingerprint covers what decides the plan (and nothing process-specific); dense_digest."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torchrec.distributed.embedding import EmbeddingCollectionSharder  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
+from torchrec.distributed.planner import (  # noqa: E402
+    EmbeddingShardingPlanner,
+    ParameterConstraints,
+    Topology,
+)
+
+from fastinit.sharding.fingerprint import (  # noqa: E402
+    dense_digest,
+    planner_fingerprint,
+    planner_inputs,
+    sharded_parameter_names,
+)
+from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
+
+SPEC = ModelSpec(num_tables=7, num_ec_tables=7, num_weighted_tables=2, fp16_every=3)
+logging.getLogger("torchrec").setLevel(logging.ERROR)
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _sharders(**fused: Any) -> list[Any]:
+    return [
+        EmbeddingBagCollectionSharder(fused_params=fused or None),
+        EmbeddingCollectionSharder(),
+    ]
+
+
+def _topology(**kwargs: Any) -> Topology:
+    kwargs.setdefault("world_size", 4)
+    kwargs.setdefault("compute_device", "cpu")
+    return Topology(**kwargs)
+
+
+def _fp(spec: ModelSpec = SPEC, **kwargs: Any) -> bytes:
+    model = kwargs.pop("model", None) or build_model(spec, device="meta")
+    sharders = kwargs.pop("sharders", None) or _sharders()
+    topology = kwargs.pop("topology", None) or _topology()
+    return planner_fingerprint(model, sharders, topology, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def base() -> bytes:
+    return _fp()
+
+
+def test_deterministic_with_fresh_objects(base: bytes) -> None:
+    assert len(base) == 32
+    assert _fp() == base  # new model, sharders, topology: no id() or address leaks in
+
+
+def test_tables_change_it(base: bytes) -> None:
+    assert _fp(ModelSpec(num_tables=7, num_ec_tables=7, num_weighted_tables=2)) != base  # dtypes
+    assert _fp(ModelSpec(num_tables=6, num_ec_tables=7, num_weighted_tables=2, fp16_every=3)) != (
+        base
+    )  # a table missing
+    model = build_model(SPEC, device="meta")
+    model.sparse.ebc.embedding_bag_configs()[3].num_embeddings += 1  # config only: rows differ
+    assert _fp(model=model) != base
+    model = build_model(SPEC, device="meta")
+    model.sparse.ec.embeddings["e2"].weight = nn.Parameter(torch.empty(5, 16, device="meta"))
+    assert _fp(model=model) != base  # the parameter's rows
+    model = build_model(SPEC, device="meta")
+    model.sparse.ebc.embedding_bag_configs()[0].feature_names = ["other"]
+    assert _fp(model=model) != base
+
+
+def test_init_bounds_do_not_change_it(base: bytes) -> None:
+    model = build_model(SPEC, device="meta")
+    config = model.sparse.ebc.embedding_bag_configs()[0]
+    config.weight_init_max, config.weight_init_min = 0.5, -0.5
+    config.init_fn = lambda t: t
+    assert _fp(model=model) == base
+
+
+def test_sharders_change_it(base: bytes) -> None:
+    assert _fp(sharders=[EmbeddingBagCollectionSharder()]) != base  # EC no longer shardable
+    assert _fp(sharders=_sharders(learning_rate=0.1)) != base
+    assert _fp(sharders=_sharders(learning_rate=0.2)) != _fp(sharders=_sharders(learning_rate=0.1))
+
+    class RowWiseOnly(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            return ["row_wise"]
+
+    assert _fp(sharders=[RowWiseOnly(), EmbeddingCollectionSharder()]) != base
+
+
+def test_topology_changes_it(base: bytes) -> None:
+    assert _fp(topology=_topology(world_size=8)) != base
+    assert _fp(topology=_topology(local_world_size=2)) != base
+    assert _fp(topology=_topology(ddr_cap=2**30)) != base
+    assert _fp(topology=_topology(inter_host_bw=1.0)) != base
+    assert _fp(topology=_topology(compute_device="cuda")) != base
+    cuda = _fp(topology=_topology(compute_device="cuda", hbm_cap=2**34))
+    assert cuda != _fp(topology=_topology(compute_device="cuda", hbm_cap=2**35))
+
+
+def test_constraints_change_it(base: bytes) -> None:
+    tw = {"t0": ParameterConstraints(sharding_types=["table_wise"])}
+    assert _fp(constraints=tw) != base
+    assert _fp(constraints=tw) != _fp(constraints={"t0": ParameterConstraints()})
+    assert _fp(constraints=tw) != _fp(
+        constraints={"t0": ParameterConstraints(sharding_types=["row_wise"])}
+    )
+    assert _fp(constraints={"t0": ParameterConstraints(pooling_factors=[2.0])}) != _fp(
+        constraints={"t0": ParameterConstraints(pooling_factors=[3.0])}
+    )
+    # the planner's own constraints are used when none are passed
+    planner = EmbeddingShardingPlanner(topology=_topology(), constraints=tw)
+    assert _fp(planner=planner) == _fp(planner=planner, constraints=tw)
+
+
+def test_planner_settings_change_it() -> None:
+    from torchrec.distributed.planner.proposers import GreedyProposer
+
+    def planner(**kwargs: Any) -> EmbeddingShardingPlanner:
+        kwargs.setdefault("debug", False)
+        return EmbeddingShardingPlanner(topology=_topology(), **kwargs)
+
+    stock = _fp(planner=planner())
+    assert stock == _fp(planner=planner())
+    assert stock == _fp(planner=planner(debug=True))  # logging only
+    assert _fp(planner=planner(batch_size=1024)) != stock
+    assert _fp(planner=planner(proposer=GreedyProposer())) != stock
+    assert _fp(planner=planner(proposer=GreedyProposer(threshold=3))) != _fp(
+        planner=planner(proposer=GreedyProposer(threshold=4))
+    )
+    assert _fp(planner=planner(timeout_seconds=10)) != stock
+    assert _fp(planner=None) != stock
+
+    class MyPlanner(EmbeddingShardingPlanner):
+        pass
+
+    assert _fp(planner=MyPlanner(topology=_topology(), debug=False)) != stock
+
+
+def test_planning_state_does_not_change_it() -> None:
+    model = build_model(ModelSpec(num_tables=2), device="meta")
+    planner = EmbeddingShardingPlanner(topology=_topology(), debug=False)
+    before = _fp(model=model, planner=planner)
+    planner.plan(model, _sharders())
+    assert _fp(model=model, planner=planner) == before
+
+
+def test_inputs_cover_tables_and_versions() -> None:
+    doc = planner_inputs(build_model(SPEC, device="meta"), _sharders(), _topology())
+    assert [m["path"] for m in doc["modules"]] == ["sparse.ebc", "sparse.wbc", "sparse.ec"]
+    assert [m["is_weighted"] for m in doc["modules"]] == [False, True, None]
+    assert doc["versions"]["torchrec"] == "1.8.0"
+    table = doc["modules"][0]["tables"][0]["fields"]
+    assert {"num_embeddings", "embedding_dim", "data_type", "feature_names", "pooling"} <= set(
+        table
+    )
+    assert {"need_pos", "use_virtual_table", "num_embeddings_post_pruning"} <= set(table)
+    assert "init_fn" not in table and "weight_init_max" not in table
+
+
+def _hashseed_inputs() -> tuple[bytes, bytes]:
+    """A fingerprint and a plan digest over strings, sets and dicts (what PYTHONHASHSEED moves)."""
+    import tests.test_codec as codec_tests
+    from fastinit.sharding.codec import plan_digest
+
+    topology = _topology()
+    constraints = {
+        f"t{i}": ParameterConstraints(
+            sharding_types=["table_wise", "row_wise"],
+            compute_kernels=["fused"],
+            feature_names=[f"tf{i}"],
+        )
+        for i in range(3)
+    }
+    sharders = [
+        EmbeddingBagCollectionSharder(
+            fused_params={"a": 1, "b": "x", "c": (1, 2), "d": {"s", "t", "u", "v"}}
+        ),
+        EmbeddingCollectionSharder(),
+    ]
+    fp = planner_fingerprint(
+        build_model(SPEC, device="meta"),
+        sharders,
+        topology,
+        constraints=constraints,
+        planner=EmbeddingShardingPlanner(topology, constraints=constraints, debug=False),
+    )
+    return fp, plan_digest(codec_tests._hand_plan())
+
+
+_SCRIPT = """
+import logging, warnings
+warnings.simplefilter("ignore")
+logging.disable(logging.WARNING)
+import tests.test_fingerprint as t
+print(*(d.hex() for d in t._hashseed_inputs()))
+"""
+
+
+def test_independent_of_pythonhashseed() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # this process runs with a random hash seed (or the one in the environment): pick another
+    seed = "7" if os.environ.get("PYTHONHASHSEED") != "7" else "8"
+    env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=root)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [d.hex() for d in _hashseed_inputs()]
+
+
+# ---- dense digest ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plan() -> Any:
+    return build_plan(
+        build_model(SPEC, device="meta"), list(SHARDING_TYPES), world_size=4, local_world_size=2
+    )
+
+
+def test_sharded_parameter_names(plan: Any) -> None:
+    model = build_model(SPEC, device="meta")
+    names = sharded_parameter_names(model, plan)
+    assert len(names) == 16
+    assert "sparse.ebc.embedding_bags.t0.weight" in names
+    assert "sparse.ec.embeddings.e6.weight" in names
+    assert names <= {n for n, _ in model.named_parameters()}
+    dp = {
+        n
+        for path, mp in plan.plan.items()
+        for table, ps in mp.items()
+        if ps.sharding_type == "data_parallel"
+        for n in names
+        if n.startswith(f"{path}.") and n.endswith(f".{table}.weight")
+    }
+    assert len(dp) == 3  # one per module: the seven types cycle over 16 tables
+    assert dp and sharded_parameter_names(model, plan, data_parallel=False) == names - dp
+
+
+def test_dense_digest(plan: Any) -> None:
+    assert dense_digest(build_model(SPEC, device="meta"), set()) is None
+    a = build_model(SPEC, device="cpu", seed=1)
+    names = sharded_parameter_names(a, plan)
+    digest = dense_digest(a, names)
+    assert digest is not None and len(digest) == 32
+    assert dense_digest(build_model(SPEC, device="cpu", seed=1), names) == digest
+    assert dense_digest(build_model(SPEC, device="cpu", seed=2), names) != digest
+    with torch.no_grad():
+        a.sparse.ebc.embedding_bags["t0"].weight.add_(1.0)  # a sharded table: left out
+    assert dense_digest(a, names) == digest
+    assert dense_digest(a, set()) != dense_digest(build_model(SPEC, device="cpu", seed=1), set())
+    with torch.no_grad():
+        a.over_arch[0].bias[3] += 1e-3  # one dense value
+    assert dense_digest(a, names) != digest
+    # sharded tables still on meta do not matter; a dense buffer does
+    b = build_model(SPEC, device="cpu", seed=1)
+    b.sparse.to("meta")
+    assert dense_digest(b, names) == digest
+    b.register_buffer("step", torch.zeros(2, dtype=torch.bfloat16))
+    with_buffer = dense_digest(b, names)
+    assert with_buffer not in (None, digest)
+    b.step[1] = 1
+    assert dense_digest(b, names) != with_buffer
+    b.register_buffer("later", torch.zeros(1, device="meta"))
+    assert dense_digest(b, names) is None
+
+
+def test_dense_digest_is_fast() -> None:
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(12)])  # ~50 MB
+    start = time.perf_counter()
+    assert dense_digest(model, set()) is not None
+    assert time.perf_counter() - start < 1.0

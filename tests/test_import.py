@@ -1,0 +1,25 @@
+"""``import fastinit`` stays cheap: no torch, no torchrec.distributed until something is used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_import_fastinit_loads_neither_torch_nor_torchrec() -> None:
+    code = (
+        "import sys, fastinit, fastinit.sharding, fastinit.pg, fastinit.warmup, fastinit.knobs\n"
+        "heavy = [m for m in ('torch', 'torchrec', 'torchrec.distributed') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"import fastinit loaded {out.stdout.strip()}"
+
+
+def test_public_names_resolve_lazily() -> None:
+    import fastinit
+    import fastinit.sharding
+
+    assert callable(fastinit.setup)
+    assert issubclass(fastinit.StartupMismatchError, fastinit.StartupError)
+    assert fastinit.sharding.FastPlanner.__name__ == "FastPlanner"

@@ -1,0 +1,199 @@
+"""PlanCache: round trips, corrupt and foreign entries, unwritable directories, concurrent writers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torchrec")
+
+from torchrec.distributed.types import (  # noqa: E402
+    EmbeddingModuleShardingPlan,
+    ParameterSharding,
+    ShardingPlan,
+)
+
+from fastinit import knobs  # noqa: E402
+from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, resolve_cache_dir  # noqa: E402
+from fastinit.sharding.codec import encode_plan  # noqa: E402
+from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
+
+KEY = bytes(range(32))
+OTHER = bytes(range(1, 33))
+
+
+@pytest.fixture(scope="module")
+def plan() -> ShardingPlan:
+    model = build_model(
+        ModelSpec(num_tables=7, num_ec_tables=7, num_weighted_tables=2, fp16_every=3),
+        device="meta",
+    )
+    return build_plan(model, list(SHARDING_TYPES), world_size=4, local_world_size=2)
+
+
+def _small_plan(rank: int) -> ShardingPlan:
+    mp = EmbeddingModuleShardingPlan()
+    mp["t0"] = ParameterSharding(sharding_type="table_wise", compute_kernel="fused", ranks=[rank])
+    return ShardingPlan({"ebc": mp})
+
+
+def _get_quietly(cache: PlanCache, key: bytes) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        return cache.get(key)
+
+
+def test_round_trip_and_layout(tmp_path: Path, plan: ShardingPlan) -> None:
+    directory = tmp_path / "a" / "b"
+    cache = PlanCache(directory)
+    assert _get_quietly(cache, KEY) is None  # the directory does not exist yet
+    assert cache.put(KEY, plan)
+    assert os.listdir(directory) == [KEY.hex() + ".fiplan"]
+    got = _get_quietly(cache, KEY)
+    assert got is not None and encode_plan(got) == encode_plan(plan)
+    assert _get_quietly(cache, OTHER) is None
+    assert _get_quietly(PlanCache(str(directory)), KEY) is not None  # str paths too
+    data = (directory / (KEY.hex() + ".fiplan")).read_bytes()
+    assert data.startswith(b"FIPCACHE") and KEY in data and encode_plan(plan) in data
+
+
+def test_same_entry_is_not_rewritten(tmp_path: Path, plan: ShardingPlan) -> None:
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, plan)
+    before = os.stat(cache.path(KEY)).st_ino
+    assert cache.put(KEY, plan)
+    assert os.stat(cache.path(KEY)).st_ino == before
+    assert cache.put(KEY, _small_plan(1))  # a different plan for the key replaces it
+    assert os.stat(cache.path(KEY)).st_ino != before
+    assert encode_plan(_get_quietly(cache, KEY)) == encode_plan(_small_plan(1))
+
+
+def _corruptions(entry: bytes, other_entry: bytes) -> dict[str, bytes]:
+    payload_start = len(entry) - len(encode_plan(_small_plan(0)))
+    flipped = bytearray(entry)
+    flipped[-5] ^= 0xFF
+    # a well-formed envelope (right key, right checksum) around bytes the codec rejects
+    import hashlib
+    import struct
+
+    junk = b"FIPLAN\x00\x00\x01{}"
+    envelope = (
+        entry[: payload_start - 40]
+        + struct.pack(">32sQ", hashlib.sha256(junk).digest(), len(junk))
+        + junk
+    )
+    return {
+        "empty": b"",
+        "truncated header": entry[:10],
+        "truncated payload": entry[:-7],
+        "bad checksum": bytes(flipped),
+        "wrong magic": b"NOTCACHE" + entry[8:],
+        "wrong version": entry[:8] + b"\x00\x09" + entry[10:],
+        "foreign key": other_entry,
+        "undecodable payload": envelope,
+        "trailing bytes": entry + b"x",
+    }
+
+
+def test_corrupt_entries_are_ignored_with_a_warning_and_replaced(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, _small_plan(0)) and cache.put(OTHER, _small_plan(1))
+    entry = Path(cache.path(KEY)).read_bytes()
+    other_entry = Path(cache.path(OTHER)).read_bytes()
+    for what, data in _corruptions(entry, other_entry).items():
+        Path(cache.path(KEY)).write_bytes(data)
+        with pytest.warns(FastinitCacheWarning, match=KEY.hex()) as record:
+            assert cache.get(KEY) is None, what
+        assert len(record) == 1, what
+        assert cache.put(KEY, _small_plan(0)), what
+        assert Path(cache.path(KEY)).read_bytes() == entry, what
+        assert encode_plan(_get_quietly(cache, KEY)) == encode_plan(_small_plan(0)), what
+
+
+def test_unwritable_directory_warns_and_returns_false(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = PlanCache(blocker / "cache")
+    with pytest.warns(FastinitCacheWarning, match="cannot write"):
+        assert cache.put(KEY, _small_plan(0)) is False
+    assert _get_quietly(cache, KEY) is None
+    assert blocker.read_text() == "not a directory"
+    if os.geteuid() != 0:  # root ignores permission bits
+        readonly = tmp_path / "ro"
+        readonly.mkdir(mode=0o500)
+        with pytest.warns(FastinitCacheWarning):
+            assert PlanCache(readonly).put(KEY, _small_plan(0)) is False
+
+
+def test_entry_path_that_is_a_directory(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    os.mkdir(cache.path(KEY))
+    with pytest.warns(FastinitCacheWarning):
+        assert cache.get(KEY) is None
+    with pytest.warns(FastinitCacheWarning):
+        assert cache.put(KEY, _small_plan(0)) is False
+    assert os.path.isdir(cache.path(KEY))
+    assert os.listdir(tmp_path) == [KEY.hex() + ".fiplan"]  # no temporary file left behind
+
+
+def test_other_files_are_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "abcd.fiplan.bak").write_bytes(b"junk")
+    cache = PlanCache(tmp_path)
+    for rank in range(3):
+        assert cache.put(KEY, _small_plan(rank))
+        assert cache.put(OTHER, _small_plan(rank))
+    _get_quietly(cache, KEY)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "abcd.fiplan.bak").read_bytes() == b"junk"
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["notes.txt", "abcd.fiplan.bak", KEY.hex() + ".fiplan", OTHER.hex() + ".fiplan"]
+    )
+
+
+def test_bad_keys(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    for key in (b"", b"x" * 65, "text"):
+        with pytest.raises(ValueError):
+            cache.get(key)  # type: ignore[arg-type]
+
+
+def _writer(directory: str, worker: int, rounds: int, big: ShardingPlan) -> None:
+    cache = PlanCache(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(rounds):  # alternate plans, so that every put writes
+            assert cache.put(KEY, big if (worker + i) % 2 else _small_plan(worker))
+
+
+def test_concurrent_writers_of_one_key(tmp_path: Path, plan: ShardingPlan) -> None:
+    ctx = multiprocessing.get_context("fork")  # torch and torchrec are already imported here
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 60, plan)) for w in range(4)]
+    for p in procs:
+        p.start()
+    cache = PlanCache(tmp_path)
+    valid = {encode_plan(plan)} | {encode_plan(_small_plan(r)) for r in range(4)}
+    seen = 0
+    while any(p.is_alive() for p in procs) or seen == 0:
+        got = _get_quietly(cache, KEY)  # never torn, never corrupt
+        if got is not None:
+            assert encode_plan(got) in valid
+            seen += 1
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert os.listdir(tmp_path) == [KEY.hex() + ".fiplan"]  # every temporary file was moved
+    assert encode_plan(_get_quietly(cache, KEY)) in valid
+
+
+def test_resolve_cache_dir(tmp_path: Path) -> None:
+    with knobs.override(FASTINIT_PLAN_CACHE=str(tmp_path / "env")):
+        assert resolve_cache_dir(tmp_path / "explicit") == str(tmp_path / "explicit")
+        assert resolve_cache_dir(None) == str(tmp_path / "env")
+    with knobs.override(FASTINIT_PLAN_CACHE=None):
+        assert resolve_cache_dir(None) is None

@@ -154,6 +154,12 @@ def _make_dispatch_mode(tracer: Tracer) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _CollectiveCounter(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            # Without this, Dynamo skips every frame (runs eagerly) while the mode is active;
+            # the counter only looks at c10d ops, so compiling through it changes no count.
+            return True
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func.namespace not in _COLLECTIVE_NAMESPACES:

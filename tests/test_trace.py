@@ -123,3 +123,19 @@ def test_counts_c10d_ops_groups_and_store_ops_on_real_ranks() -> None:
     assert [g["ranks"] for g in g0] == [[0, 1], [0]]
     assert all(g["member"] for g in g0)
     assert [(g["ranks"], g["member"]) for g in g1] == [([0, 1], True)]
+
+
+def test_torch_compile_still_compiles_under_an_active_tracer() -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) + 1
+
+    torch._dynamo.reset()
+    with trace.Tracer(comm=True):
+        f(torch.ones(3))
+    torch._dynamo.reset()
+    assert counter.frame_count == 1, "Dynamo skipped the frame: the tracer's mode blocks compile"

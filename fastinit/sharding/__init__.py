@@ -34,7 +34,19 @@ _LAZY: dict[str, str] = {
     "fast_sharders": "fastinit.sharding.sharders",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = [
+    "FastEmbeddingBagCollectionSharder",
+    "FastEmbeddingCollectionSharder",
+    "FastPlanner",
+    "FastinitCacheWarning",
+    "PlanCache",
+    "PlanDecodeError",
+    "decode_plan",
+    "encode_plan",
+    "fast_sharders",
+    "plan_digest",
+    "planner_fingerprint",
+]
 
 
 def __getattr__(name: str) -> Any:

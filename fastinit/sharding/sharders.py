@@ -73,6 +73,8 @@ class _FastStateMixin:
     _fastinit_fqn: str
 
     def _fastinit_reset_dp_tables(self, configs: list[Any], params: Any) -> None:
+        if params is None:  # no torch state (TorchRec skips it on the "fake" backend)
+            return
         plan = self.module_sharding_plan  # type: ignore[attr-defined]
         for config in configs:
             if plan[config.name].sharding_type != ShardingType.DATA_PARALLEL.value:
@@ -220,7 +222,9 @@ class FastEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             module_fqn=module_fqn,
             sharded_module_order_overwrite=self._sharded_module_order_overwrite,
         )
-        sharded._fastinit_reset_dp_tables(sharded._embedding_bag_configs, sharded.embedding_bags)
+        sharded._fastinit_reset_dp_tables(
+            sharded._embedding_bag_configs, getattr(sharded, "embedding_bags", None)
+        )
         return sharded
 
     @property
@@ -260,7 +264,9 @@ class FastEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             use_index_dedup=self._use_index_dedup,
             module_fqn=module_fqn,
         )
-        sharded._fastinit_reset_dp_tables(sharded._embedding_configs, sharded.embeddings)
+        sharded._fastinit_reset_dp_tables(
+            sharded._embedding_configs, getattr(sharded, "embeddings", None)
+        )
         return sharded
 
     @property

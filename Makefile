@@ -14,8 +14,13 @@ STAMP := $(VENV)/.installed-$(FLAVOR)
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 SLOW ?= 0
+MODE ?= fastinit
+MODEL ?= small
+CACHE ?= cold
+NPROC ?= 2
+BENCH_ARGS ?=
 
-.PHONY: test bench lint env clean
+.PHONY: test bench ttfb projection baseline micro lint env clean
 
 $(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +43,25 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(PYTEST_ARGS)
 
+# Time to first batch, stock vs fastinit, 3 scenarios, repeated: bench-out/{summary.json,report.md,
+# timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4" for the large model.
 bench: $(STAMP)
+	$(PY) -m benchmarks.bench $(BENCH_ARGS)
+
+# One run that exits right after its first batch, to time from outside.
+ttfb: $(STAMP)
+	$(PY) -m benchmarks.bench --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
+
+# Start-up communication and local work projected to 8..4,096 ranks (about 10 minutes).
+projection: $(STAMP)
+	$(PY) -m benchmarks.projection
+
+# Stock TorchRec's start-up, per phase (counts and times).
+baseline: $(STAMP)
 	$(PY) -m benchmarks.baseline
+
+micro: $(STAMP)
+	$(PY) -m pytest benchmarks/micro --benchmark-only
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

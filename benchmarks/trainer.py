@@ -1,0 +1,518 @@
+"""The reference trainer of the time-to-first-batch benchmark: stock TorchRec or fastinit.
+
+    torchrun --nproc-per-node 2 -m benchmarks.trainer --mode fastinit --model small --out DIR
+
+Every rank starts a :class:`fastinit.trace.Tracer` (comm counting on) as soon as torch is
+imported, runs the seven start-up stages Meta names as spans — ``device_init``,
+``process_group_init``, ``preproc_creation``, ``train_module_creation``, ``init_plugins``,
+``pre_train``, ``get_first_batch_data`` — then one training step (``first_step``: the first
+``TrainPipelineSparseDist.progress``), and writes ``trace-rank<N>.jsonl`` to ``--out``.
+Time to first batch is measured per rank from the *process start* (``/proc/self/stat``) to the
+moment that first ``progress`` returns; a ``launch`` span covers interpreter start and
+``import torch`` before the tracer could start.
+
+* ``--mode stock``: the stages in sequence; ``collective_plan`` with TorchRec's
+  ``EmbeddingShardingPlanner`` and ``DistributedModelParallel``
+  (:func:`fastinit.testing.stock.stock_setup`); the dense arch is compiled lazily by the first
+  step; no cache of ours (Inductor's own local cache is whatever ``TORCHINDUCTOR_CACHE_DIR`` holds).
+* ``--mode fastinit``: a :class:`fastinit.warmup.StageGraph`: the data pipeline starts
+  (``preproc_creation``) and produces the real first batch while the model is sharded by
+  :func:`fastinit.setup` (plan cache) and ``pre_train`` compiles it on a synthetic fast batch
+  (compile cache) without changing any state.
+
+Real parts: DataLoader worker processes reading a synthetic Criteo-style dataset from files
+(:mod:`benchmarks.data`), a compiled dense + over arch, a fused embedding optimizer
+(EXACT_ROWWISE_ADAGRAD in the TBE kernels), a dense Adagrad, ``TrainPipelineSparseDist``.
+
+The process group is initialised here from torchrun's ``MASTER_ADDR``/``MASTER_PORT`` with a
+``TCPStore`` (hosted by rank 0, or torchrun's agent store when ``TORCHELASTIC_USE_AGENT_STORE``),
+wrapped by the tracer so every store operation counts.
+"""
+
+from __future__ import annotations
+
+import time
+
+_T_IMPORT = time.time()  # before anything heavy: the fallback process start
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import itertools  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+__all__ = [
+    "STAGES",
+    "FASTINIT_DEPS",
+    "MODELS",
+    "TrainerConfig",
+    "process_start_time",
+    "model_spec",
+    "main",
+]
+
+#: The seven start-up stages, in the order a sequential trainer runs them.
+STAGES: tuple[str, ...] = (
+    "device_init",
+    "process_group_init",
+    "preproc_creation",
+    "train_module_creation",
+    "init_plugins",
+    "pre_train",
+    "get_first_batch_data",
+)
+
+#: What each stage waits for in fastinit mode (the stage graph); ``first_step`` waits for all.
+FASTINIT_DEPS: dict[str, tuple[str, ...]] = {
+    "device_init": (),
+    "process_group_init": ("device_init",),
+    "preproc_creation": (),
+    "train_module_creation": ("process_group_init",),
+    "init_plugins": ("train_module_creation",),
+    "pre_train": ("train_module_creation",),
+    "get_first_batch_data": ("preproc_creation",),
+}
+
+#: Reference models: (EmbeddingBagCollection tables, EmbeddingCollection tables, rows).
+MODELS: dict[str, tuple[int, int, int]] = {
+    "tiny": (3, 1, 100),
+    "small": (20, 6, 2000),
+    "medium": (192, 64, 2000),
+    "large": (768, 256, 2000),
+}
+
+#: The compiled part of the model: its dense arch and over arch.
+COMPILE_TARGETS: tuple[str, ...] = ("dense_arch", "over_arch")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    """One trainer run."""
+
+    mode: str = "fastinit"
+    """"stock" or "fastinit"."""
+    model: str = "small"
+    """A key of :data:`MODELS`."""
+    cache: str = "cold"
+    """The scenario label ("cold", "new-hosts", "same-hosts"); the driver arranges the caches."""
+    out: str = "bench-out/run"
+    """Where ``trace-rank<N>.jsonl`` goes."""
+    cache_dir: str | None = None
+    """fastinit's cache root (``plan/`` and ``compile/`` under it); None: no caches of ours."""
+    data_dir: str = "bench-out/data"
+    """Root of the generated datasets."""
+    batch_size: int = 256
+    """Samples per batch and rank."""
+    num_workers: int = 1
+    """DataLoader worker processes per rank."""
+    compile: bool = True
+    """torch.compile the dense + over arch (off only to keep tests fast)."""
+    fast_batch_size: int = 8
+    """Samples in fastinit's synthetic warm-up batch."""
+    pg_timeout_s: float = 600.0
+    """Process-group and store timeout."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("stock", "fastinit"):
+            raise ValueError(f"mode must be 'stock' or 'fastinit', got {self.mode!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {sorted(MODELS)}, got {self.model!r}")
+        if self.cache not in ("cold", "new-hosts", "same-hosts"):
+            raise ValueError(f"unknown cache scenario {self.cache!r}")
+
+
+def process_start_time() -> float:
+    """This process's start as a Unix time (``/proc/self/stat`` start time against
+    ``/proc/uptime``, 10 ms resolution); the import time of this module where /proc is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        now = time.time()
+        ticks = os.sysconf("SC_CLK_TCK")
+        # Field 22 (starttime), counted after the parenthesised command name.
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        return now - uptime + start_ticks / ticks
+    except (OSError, ValueError, IndexError):
+        return _T_IMPORT
+
+
+def model_spec(name: str) -> Any:
+    """The :class:`fastinit.testing.models.ModelSpec` of a reference model."""
+    from fastinit.testing.models import ModelSpec
+
+    ebc, ec, rows = MODELS[name]
+    return ModelSpec(num_tables=ebc, num_ec_tables=ec, rows=rows, pooling=2.0)
+
+
+class _Trainer:
+    """The stages, as methods; state lives on the instance."""
+
+    def __init__(self, config: TrainerConfig, tracer: Any) -> None:
+        self.config = config
+        self.tracer = tracer
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.spec: Any = None
+        self.info: dict[str, Any] = {}
+        self.compile_cache: Any = None
+
+    # -- the seven stages ----------------------------------------------------------------------
+
+    def device_init(self) -> Any:
+        import torch
+        import torchrec  # noqa: F401 - loading the library is part of the trainer's init
+
+        self.spec = model_spec(self.config.model)
+        if torch.cuda.is_available():
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+            torch.cuda.init()
+        else:
+            device = torch.device("cpu")
+        return device
+
+    def process_group_init(self, device: Any) -> Any:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=self.config.pg_timeout_s)
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store: Any = dist.TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ["MASTER_PORT"]),
+            self.world_size,
+            is_master=self.rank == 0 and not agent_store,
+            timeout=timeout,
+        )
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = self.tracer.wrap_store(dist.PrefixStore(f"ttfb/{restart}", store))
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+        return device
+
+    def preproc_creation(self) -> Any:
+        from benchmarks.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
+
+        spec = model_spec(self.config.model)
+        path = ensure_dataset(DatasetConfig(spec=spec), self.config.data_dir)
+        loader = make_loader(
+            path,
+            spec,
+            DataConfig(batch_size=self.config.batch_size, num_workers=self.config.num_workers),
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return iter(loader)  # starts the worker processes
+
+    def train_module_creation(self, device: Any) -> tuple[Any, Any]:
+        import torch
+        import torch.distributed as dist
+        from torchrec.distributed.comm import get_local_size
+        from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+        from fastinit.testing.models import build_model
+
+        module = build_model(self.spec, device="meta")
+        sharders = _sharders()
+        if self.config.mode == "stock":
+            from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+            from fastinit.testing.stock import stock_setup
+
+            ws = dist.get_world_size()
+            planner = EmbeddingShardingPlanner(
+                topology=Topology(
+                    local_world_size=get_local_size(ws), world_size=ws, compute_device=device.type
+                )
+            )
+            model = stock_setup(module, device=device, planner=planner, sharders=sharders)
+        else:
+            import fastinit
+
+            plan_cache = (
+                os.path.join(self.config.cache_dir, "plan") if self.config.cache_dir else None
+            )
+            model = fastinit.setup(
+                module, device=device, sharders=sharders, plan_cache=plan_cache, seed=0
+            )
+        dense = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(model.named_parameters())),
+            lambda params: torch.optim.Adagrad(params, lr=0.02),
+        )
+        optimizer = CombinedOptimizer([model.fused_optimizer, dense])
+        if self.config.compile and self.config.mode == "stock":
+            from fastinit.warmup import CompileConfig, compile_modules
+
+            compile_modules(model, CompileConfig(targets=COMPILE_TARGETS))  # compiles lazily
+        return model, optimizer
+
+    def init_plugins(self, built: tuple[Any, Any]) -> Any:
+        from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+        model, optimizer = built
+        device = next(iter(model.parameters())).device
+        if device.type == "meta":
+            device = _device_of_env()
+        os.makedirs(os.path.join(self.config.out, "checkpoints"), exist_ok=True)
+        return TrainPipelineSparseDist(model, optimizer, device)
+
+    def pre_train(self, built: tuple[Any, Any]) -> Any:
+        model, optimizer = built
+        model.train()
+        if self.config.mode == "stock":
+            return None
+        import torch
+
+        from fastinit.warmup import (
+            CompileCache,
+            CompileCacheConfig,
+            CompileConfig,
+            WarmupConfig,
+            fast_batch,
+            module_fingerprint,
+            schema_from_model,
+            warm_up,
+        )
+
+        compile_config = CompileConfig(targets=COMPILE_TARGETS) if self.config.compile else None
+        if compile_config is not None and self.config.cache_dir:
+            root = model.module
+            fingerprint = module_fingerprint(
+                [root.get_submodule(t) for t in COMPILE_TARGETS], {"backend": "inductor"}
+            )
+            self.compile_cache = CompileCache(
+                fingerprint,
+                CompileCacheConfig(
+                    directory=os.path.join(self.config.cache_dir, "compile"),
+                    device=_device_of_env().type,
+                ),
+            )
+            restored = self.compile_cache.restore()
+            self.info["compile_cache"] = restored.status
+            self.info["compile_cache_restore_s"] = restored.seconds
+        device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else None
+        batch = fast_batch(
+            schema_from_model(model),
+            self.config.fast_batch_size,
+            device or torch.device("cpu"),
+        )
+        report = warm_up(
+            model, batch, optimizers=[optimizer], config=WarmupConfig(compile=compile_config)
+        )
+        self.info["warmup_graphs"] = report.graphs_compiled
+        self.info["warmup_s"] = report.seconds
+        return report
+
+    def get_first_batch_data(self, it: Any) -> Any:
+        return next(it)
+
+    # -- the two modes -------------------------------------------------------------------------
+
+    def run_stock(self) -> tuple[Any, Any, Any]:
+        from fastinit import trace
+
+        def stage(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+            with trace.span(name):
+                return fn(*args)
+
+        device = stage("device_init", self.device_init)
+        stage("process_group_init", self.process_group_init, device)
+        it = stage("preproc_creation", self.preproc_creation)
+        built = stage("train_module_creation", self.train_module_creation, device)
+        pipeline = stage("init_plugins", self.init_plugins, built)
+        stage("pre_train", self.pre_train, built)
+        first = stage("get_first_batch_data", self.get_first_batch_data, it)
+        return pipeline, it, first
+
+    def run_fastinit(self) -> tuple[Any, Any, Any]:
+        from fastinit.warmup import GraphConfig, StageGraph
+
+        collective = {"process_group_init", "train_module_creation", "pre_train"}
+        graph = StageGraph(GraphConfig(max_workers=3, rank=self.rank))
+        for name in (
+            "device_init",
+            "preproc_creation",
+            "process_group_init",
+            "get_first_batch_data",
+            "train_module_creation",
+            "init_plugins",
+            "pre_train",
+        ):
+            graph.add(name, getattr(self, name), FASTINIT_DEPS[name], collective=name in collective)
+        results = graph.run()
+        return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
+
+
+def _device_of_env() -> Any:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _sharders() -> list[Any]:
+    """TorchRec's EBC and EC sharders with a fused EXACT_ROWWISE_ADAGRAD embedding optimizer."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.02}
+    return [
+        EmbeddingBagCollectionSharder(fused_params=dict(fused)),
+        EmbeddingCollectionSharder(fused_params=dict(fused)),
+    ]
+
+
+def _versions() -> dict[str, str]:
+    import platform
+
+    import torch
+
+    import fastinit
+
+    out = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "fastinit": fastinit.__version__,
+    }
+    for name in ("torchrec", "fbgemm_gpu", "torchx"):
+        try:
+            module = __import__(name)
+            out[name] = str(getattr(module, "__version__", "?"))
+        except Exception:  # noqa: BLE001 - a version we cannot read is reported as such
+            out[name] = "unavailable"
+    return out
+
+
+def run(config: TrainerConfig) -> dict[str, Any]:
+    """Run one rank to its first batch; returns (and records) the rank's summary."""
+    t_start = process_start_time()
+    import resource
+
+    import torch  # noqa: F401 - the import is part of "launch"
+
+    from fastinit import trace
+
+    tracer = trace.Tracer(out_dir=config.out, comm=True).start()
+    t_tracer = time.time()
+    tracer.record(
+        {
+            "kind": "span",
+            "name": "launch",
+            "ts": t_start * 1e6,
+            "dur": (t_tracer - t_start) * 1e6,
+            "tid": 0,
+            "thread": "MainThread",
+        }
+    )
+    tracer.mark("process_start", at=t_start)
+    trainer = _Trainer(config, tracer)
+    if config.mode == "stock":
+        pipeline, it, first = trainer.run_stock()
+    else:
+        pipeline, it, first = trainer.run_fastinit()
+    from fastinit.warmup import compile_count
+
+    graphs_before = compile_count()
+    with trace.span("first_step"):
+        out = pipeline.progress(itertools.chain([first], it))
+    t_first = time.time()
+    tracer.mark("first_batch")
+    loss = float(out[0].detach().float()) if isinstance(out, tuple) else float("nan")
+    summary: dict[str, Any] = {
+        "kind": "bench",
+        "rank": trainer.rank,
+        "world_size": trainer.world_size,
+        "local_rank": trainer.local_rank,
+        "mode": config.mode,
+        "model": config.model,
+        "cache": config.cache,
+        "process_start": t_start,
+        "tracer_start": t_tracer,
+        "first_batch": t_first,
+        "ttfb_s": t_first - t_start,
+        "first_step_graphs": compile_count() - graphs_before,
+        "graphs_total": compile_count(),
+        "loss": loss,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "versions": _versions(),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        **trainer.info,
+    }
+    # After the measurement: keep the compiled artifacts for the next job (one writer per host).
+    if trainer.compile_cache is not None:
+        if trainer.local_rank == 0 and trainer.info.get("compile_cache") != "hit":
+            with trace.span("compile_cache_save"):
+                summary["compile_cache_saved"] = trainer.compile_cache.save()
+        trainer.compile_cache.close()
+    tracer.record(summary)
+    tracer.stop()
+    return summary
+
+
+def _parse(argv: list[str] | None) -> TrainerConfig:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("stock", "fastinit"), default="fastinit")
+    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument(
+        "--cache", choices=("cold", "new-hosts", "same-hosts"), default="cold", help="label"
+    )
+    parser.add_argument("--out", default="bench-out/run", help="per-rank trace directory")
+    parser.add_argument("--cache-dir", default=None, help="fastinit's cache root (fastinit mode)")
+    parser.add_argument("--data-dir", default="bench-out/data", help="dataset root")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
+    args = parser.parse_args(argv)
+    return TrainerConfig(
+        mode=args.mode,
+        model=args.model,
+        cache=args.cache,
+        out=args.out,
+        cache_dir=args.cache_dir,
+        data_dir=args.data_dir,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        compile=not args.no_compile,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run to the first batch, then leave at once (no teardown collectives)."""
+    summary = run(_parse(argv))
+    print(
+        f"rank {summary['rank']}: {summary['mode']} {summary['model']} {summary['cache']} "
+        f"first batch {summary['ttfb_s']:.2f} s after process start",
+        flush=True,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # DataLoader workers are children: end them, then skip interpreter teardown (torch's atexit
+    # hooks may wait on peers that already left).
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    for child in multiprocessing.active_children():
+        child.join(timeout=5)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -179,12 +179,11 @@ def _materialize_dense(
     module: nn.Module, sharded: list[str], device: torch.device, seed: int
 ) -> None:
     """DMP's own ``init_parameters`` for the dense modules, with seeded per-module generators."""
-    from fastinit.sharding.sharders import seeded_generator_seed
+    from fastinit.sharding.sharders import seeded_generator_seed, seeded_init
 
     if "" in sharded:
         return
     prefixes = tuple(f"{p}." for p in sharded)
-    devices = [device] if device.type == "cuda" else []
     for path, m in module.named_modules():
         if path in sharded or (prefixes and path.startswith(prefixes)):
             continue
@@ -198,10 +197,10 @@ def _materialize_dense(
         for name, buf in m._buffers.items():
             if isinstance(buf, torch.Tensor) and buf.device.type == "meta":
                 m._buffers[name] = torch.zeros_like(buf, device=device)
-        if has_meta_param and hasattr(m, "reset_parameters"):
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seeded_generator_seed(seed, path))
-                m.reset_parameters()
+        reset = getattr(m, "reset_parameters", None)
+        if has_meta_param and reset is not None:
+            anchor = torch.empty(0, device=device)
+            seeded_init([(anchor, lambda _t, r=reset: r(), seeded_generator_seed(seed, path))])
 
 
 def _default_planner(env_world_size: int, device: torch.device) -> Any:

@@ -11,16 +11,9 @@ from typing import Any
 import pytest
 
 from fastinit.testing.dist import run_ranks
+from fastinit.testing.models import SHARDING_TYPES
 
-ALL_TYPES = [
-    "data_parallel",
-    "table_wise",
-    "column_wise",
-    "table_column_wise",
-    "row_wise",
-    "table_row_wise",
-    "grid_shard",
-]
+ALL_TYPES = list(SHARDING_TYPES)
 # EmbeddingCollection supports DP, TW, CW and RW in torchrec 1.8.0. Stock torchrec 1.8.0 fails to
 # train an EmbeddingCollection with a data_parallel table on CPU (its sequence output has the wrong
 # length: "split_with_sizes expects split_sizes to sum exactly to ..."), so that case is checked

@@ -36,6 +36,7 @@ __all__ = [
     "FastEmbeddingCollectionSharder",
     "fast_sharders",
     "seeded_generator_seed",
+    "seeded_init",
 ]
 
 
@@ -45,11 +46,29 @@ def seeded_generator_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def _seeded_init(param: torch.Tensor, init_fn: Any, seed: int, name: str) -> None:
-    devices = [param.device] if param.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
-        torch.manual_seed(seeded_generator_seed(seed, name))
-        init_fn(param)
+_VIRTUAL_KERNELS = frozenset(
+    {"key_value", "ssd_virtual_table", "dram_virtual_table", "dram_ssd_virtual_table"}
+)
+
+
+def seeded_init(items: list[tuple[torch.Tensor, Any, int]]) -> None:
+    """Run ``init(tensor)`` for each ``(tensor, init, seed)`` with the RNG of the tensor's device
+    seeded by ``seed``; the caller's RNG states (CPU and each CUDA device used) come back after.
+
+    Only the generator of the tensor's own device is reseeded (``torch.manual_seed`` would reseed
+    every CUDA device), and the states are saved once for the whole list.
+    """
+    if not items:
+        return
+    cuda = sorted({t.device.index or 0 for t, _, _ in items if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+        for tensor, init, seed in items:
+            if tensor.device.type == "cuda":
+                with torch.cuda.device(tensor.device):
+                    torch.cuda.manual_seed(seed)
+            else:
+                torch.random.default_generator.manual_seed(seed)
+            init(tensor)
 
 
 def _ddp_without_init_sync(lookup: nn.Module, env: Any, device: torch.device | None) -> nn.Module:
@@ -72,18 +91,25 @@ class _FastStateMixin:
     _fastinit_seed: int
     _fastinit_fqn: str
 
-    def _fastinit_reset_dp_tables(self, configs: list[Any], params: Any) -> None:
+    def _fastinit_reset(self, configs: list[Any], params: Any, *, dp_only: bool) -> None:
+        """Initialise tables from generators seeded by ``(seed, table FQN)``: the same values on
+        every rank, so data-parallel tables need no broadcast."""
         if params is None:  # no torch state (TorchRec skips it on the "fake" backend)
             return
         plan = self.module_sharding_plan  # type: ignore[attr-defined]
+        items = []
         for config in configs:
-            if plan[config.name].sharding_type != ShardingType.DATA_PARALLEL.value:
+            ps = plan[config.name]
+            if dp_only and ps.sharding_type != ShardingType.DATA_PARALLEL.value:
+                continue
+            if ps.compute_kernel in _VIRTUAL_KERNELS or config.init_fn is None:
                 continue
             param = params[config.name].weight
-            if param.device.type == "meta" or config.init_fn is None:
+            if param.device.type == "meta" or not param.numel():
                 continue
             name = f"{self._fastinit_fqn}.{config.name}" if self._fastinit_fqn else config.name
-            _seeded_init(param, config.init_fn, self._fastinit_seed, name)
+            items.append((param, config.init_fn, seeded_generator_seed(self._fastinit_seed, name)))
+        seeded_init(items)
 
 
 class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagCollection):
@@ -101,16 +127,7 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
     def reset_parameters(self) -> None:
         if self._device and self._device.type == "meta":
             return
-        for config in self._embedding_bag_configs:
-            ps = self.module_sharding_plan[config.name]
-            if ps.sharding_type == ShardingType.DATA_PARALLEL.value:
-                continue
-            if ps.compute_kernel in {"key_value", "ssd_virtual_table", "dram_virtual_table"}:
-                continue
-            param = self.embedding_bags[config.name].weight
-            name = f"{self._fastinit_fqn}.{config.name}"
-            _seeded_init(param, config.init_fn, self._fastinit_seed, name)
-        self._fastinit_reset_dp_tables(self._embedding_bag_configs, self.embedding_bags)
+        self._fastinit_reset(self._embedding_bag_configs, self.embedding_bags, dp_only=False)
 
 
 class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection):
@@ -137,21 +154,7 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
     def reset_parameters(self) -> None:
         if self._device and self._device.type == "meta":
             return
-        for config in self._embedding_configs:
-            ps = self.module_sharding_plan[config.name]
-            if ps.sharding_type == ShardingType.DATA_PARALLEL.value:
-                continue
-            if ps.compute_kernel in {
-                "key_value",
-                "ssd_virtual_table",
-                "dram_virtual_table",
-                "dram_ssd_virtual_table",
-            }:
-                continue
-            param = self.embeddings[config.name].weight
-            name = f"{self._fastinit_fqn}.{config.name}"
-            _seeded_init(param, config.init_fn, self._fastinit_seed, name)
-        self._fastinit_reset_dp_tables(self._embedding_configs, self.embeddings)
+        self._fastinit_reset(self._embedding_configs, self.embeddings, dp_only=False)
 
 
 def _local_sharded_tensor(
@@ -184,23 +187,35 @@ def _local_sharded_tensor(
     )
 
 
-def _place(sharded: Any, seed: int, module_fqn: str | None) -> Any:
+def _construct(
+    cls: Any, seed: int, module_fqn: str | None, tables: tuple[str, str], **kwargs: Any
+) -> Any:
+    """Build a fast sharded module: seed and FQN are set before TorchRec's ``__init__`` runs
+    (EmbeddingCollection resets its parameters inside it), then the DP tables are seeded."""
+    sharded = cls.__new__(cls)
     sharded._fastinit_seed = seed
     sharded._fastinit_fqn = module_fqn or ""
+    sharded.__init__(module_fqn=module_fqn, **kwargs)
+    configs, params = tables
+    sharded._fastinit_reset(getattr(sharded, configs), getattr(sharded, params, None), dp_only=True)
     return sharded
 
 
-class FastEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+class _SeededSharder:
+    """``seed`` seeds data-parallel (and sharded) table initialisation per table FQN."""
+
+    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seed = seed
+
+
+class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSharder):
     """``EmbeddingBagCollectionSharder`` whose data-parallel tables need no start-up sync.
 
     Args:
         seed: seeds data-parallel (and sharded) table initialisation per table FQN.
         **kwargs: those of ``EmbeddingBagCollectionSharder``.
     """
-
-    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.seed = seed
 
     def shard(
         self,
@@ -210,39 +225,32 @@ class FastEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingBagCollection:
-        sharded = FastShardedEmbeddingBagCollection.__new__(FastShardedEmbeddingBagCollection)
-        _place(sharded, self.seed, module_fqn)
-        sharded.__init__(  # type: ignore[misc]
+        return _construct(
+            FastShardedEmbeddingBagCollection,
+            self.seed,
+            module_fqn,
+            ("_embedding_bag_configs", "embedding_bags"),
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
             fused_params=self.fused_params,
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
-            module_fqn=module_fqn,
             sharded_module_order_overwrite=self._sharded_module_order_overwrite,
         )
-        sharded._fastinit_reset_dp_tables(
-            sharded._embedding_bag_configs, getattr(sharded, "embedding_bags", None)
-        )
-        return sharded
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingBagCollection]:
         return FastShardedEmbeddingBagCollection
 
 
-class FastEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class FastEmbeddingCollectionSharder(_SeededSharder, EmbeddingCollectionSharder):
     """``EmbeddingCollectionSharder`` with local ShardedTensor metadata and sync-free DP tables.
 
     Args:
         seed: seeds data-parallel (and sharded) table initialisation per table FQN.
         **kwargs: those of ``EmbeddingCollectionSharder``.
     """
-
-    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.seed = seed
 
     def shard(
         self,
@@ -252,22 +260,19 @@ class FastEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingCollection:
-        sharded = FastShardedEmbeddingCollection.__new__(FastShardedEmbeddingCollection)
-        _place(sharded, self.seed, module_fqn)
-        sharded.__init__(  # type: ignore[misc]
-            module,
-            params,
-            env,
-            self.fused_params,
-            device,
+        return _construct(
+            FastShardedEmbeddingCollection,
+            self.seed,
+            module_fqn,
+            ("_embedding_configs", "embeddings"),
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             use_index_dedup=self._use_index_dedup,
-            module_fqn=module_fqn,
         )
-        sharded._fastinit_reset_dp_tables(
-            sharded._embedding_configs, getattr(sharded, "embeddings", None)
-        )
-        return sharded
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingCollection]:
@@ -284,8 +289,8 @@ _INNER = ("_ebc_sharder", "_e_sharder", "_ec_sharder")
 def _fast_copy(sharder: Any, seed: int) -> Any:
     fast_type = _FAST.get(type(sharder))
     if fast_type is not None:
-        fast = copy.copy(sharder)
-        fast.__class__ = fast_type
+        fast = fast_type.__new__(fast_type)
+        fast.__dict__.update(sharder.__dict__)  # the same settings: fused params, codecs, ...
         fast.seed = seed
         return fast
     # Composite sharders (feature-processed EBC, managed-collision EBC/EC) shard through an inner

@@ -50,32 +50,6 @@ def build_model(num_tables: int) -> Any:
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 
-def plan_to_plain(plan: Any) -> dict[str, Any]:
-    """A ShardingPlan as JSON-able data, every field a ParameterSharding carries."""
-    out: dict[str, Any] = {}
-    for module_path, module_plan in plan.plan.items():
-        for name, ps in module_plan.items():
-            spec = None
-            if ps.sharding_spec is not None:
-                spec = [
-                    [list(s.shard_offsets), list(s.shard_sizes), str(s.placement)]
-                    for s in ps.sharding_spec.shards
-                ]
-            out[f"{module_path}.{name}"] = {
-                "sharding_type": ps.sharding_type,
-                "compute_kernel": ps.compute_kernel,
-                "ranks": ps.ranks,
-                "shards": spec,
-                "cache_params": repr(ps.cache_params),
-                "enforce_hbm": ps.enforce_hbm,
-                "stochastic_rounding": ps.stochastic_rounding,
-                "bounds_check_mode": repr(ps.bounds_check_mode),
-                "output_dtype": repr(ps.output_dtype),
-                "key_value_params": repr(ps.key_value_params),
-            }
-    return out
-
-
 def worker(which: str, tables: int, world_size: int, lws: int, device: str, out: str) -> None:
     """Plan once in this process and write timings and the plan to ``out``."""
     import logging
@@ -85,6 +59,7 @@ def worker(which: str, tables: int, world_size: int, lws: int, device: str, out:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from fastinit.sharding import FastPlanner
+    from fastinit.testing.models import plan_to_plain
 
     model = build_model(tables)
     topology = Topology(

@@ -35,6 +35,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from fastinit.sharding import FastPlanner
 from fastinit.sharding import planner as fast_planner_module
+from fastinit.testing.models import plan_to_plain
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
 
@@ -43,32 +44,6 @@ GB = 1024 * MB
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def plan_to_plain(plan: ShardingPlan) -> dict[str, dict[str, Any]]:
-    """A ShardingPlan as plain, comparable data: every field a ``ParameterSharding`` carries."""
-    out: dict[str, dict[str, Any]] = {}
-    for module_path, module_plan in plan.plan.items():
-        for name, ps in module_plan.items():  # type: ignore[attr-defined]
-            spec = None
-            if ps.sharding_spec is not None:
-                spec = [
-                    (list(s.shard_offsets), list(s.shard_sizes), str(s.placement))
-                    for s in ps.sharding_spec.shards
-                ]
-            out[f"{module_path}.{name}"] = {
-                "sharding_type": ps.sharding_type,
-                "compute_kernel": ps.compute_kernel,
-                "ranks": ps.ranks,
-                "shards": spec,
-                "cache_params": repr(ps.cache_params),
-                "enforce_hbm": ps.enforce_hbm,
-                "stochastic_rounding": ps.stochastic_rounding,
-                "bounds_check_mode": ps.bounds_check_mode,
-                "output_dtype": ps.output_dtype,
-                "key_value_params": repr(ps.key_value_params),
-            }
-    return out
 
 
 def assert_same_plan(fast: ShardingPlan, stock: ShardingPlan) -> None:

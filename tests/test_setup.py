@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fastinit.testing.dist import run_ranks
-from fastinit.testing.models import SHARDING_TYPES
+from fastinit.testing.models import SHARDING_TYPES, plan_to_plain
 
 ALL_TYPES = list(SHARDING_TYPES)
 # EmbeddingCollection supports DP, TW, CW and RW in torchrec 1.8.0. Stock torchrec 1.8.0 fails to
@@ -22,18 +22,8 @@ EC_TYPES = ["table_wise", "column_wise", "row_wise"]
 STEPS = 3
 
 
-def _plan_fields(plan: Any) -> dict[str, Any]:
-    out = {}
-    for path, module_plan in plan.plan.items():
-        for name, ps in module_plan.items():
-            spec = ps.sharding_spec
-            shards = (
-                None
-                if spec is None
-                else [(s.shard_offsets, s.shard_sizes, str(s.placement)) for s in spec.shards]
-            )
-            out[f"{path}.{name}"] = (ps.sharding_type, ps.compute_kernel, ps.ranks, shards)
-    return out
+# Kept under this name: tests/test_patches.py imports it.
+_plan_fields = plan_to_plain
 
 
 def _st_metadata(model: Any) -> dict[str, Any]:

@@ -39,6 +39,7 @@ __all__ = [
     "make_batch",
     "batches",
     "table_configs",
+    "plan_to_plain",
 ]
 
 #: The seven sharding types of torchrec 1.8.0, in ShardingType's spelling.
@@ -407,3 +408,30 @@ def batches(
     """An endless iterator of distinct batches (seeded by ``seed`` and the step)."""
     for step in itertools.count():
         yield make_batch(spec, batch_size, seed=seed * 1_000_003 + step, device=device)
+
+
+def plan_to_plain(plan: Any) -> dict[str, dict[str, Any]]:
+    """A ShardingPlan as plain, JSON-able, comparable data: every field a ``ParameterSharding``
+    carries (enums and nested parameters by ``repr``), keyed ``"<module path>.<table>"``."""
+    out: dict[str, dict[str, Any]] = {}
+    for module_path, module_plan in plan.plan.items():
+        for name, ps in module_plan.items():
+            spec = None
+            if ps.sharding_spec is not None:
+                spec = [
+                    [list(s.shard_offsets), list(s.shard_sizes), str(s.placement)]
+                    for s in ps.sharding_spec.shards
+                ]
+            out[f"{module_path}.{name}"] = {
+                "sharding_type": ps.sharding_type,
+                "compute_kernel": ps.compute_kernel,
+                "ranks": ps.ranks,
+                "shards": spec,
+                "cache_params": repr(ps.cache_params),
+                "enforce_hbm": ps.enforce_hbm,
+                "stochastic_rounding": ps.stochastic_rounding,
+                "bounds_check_mode": repr(ps.bounds_check_mode),
+                "output_dtype": repr(ps.output_dtype),
+                "key_value_params": repr(ps.key_value_params),
+            }
+    return out

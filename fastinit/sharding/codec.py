@@ -38,6 +38,7 @@ import math
 import struct
 import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -151,10 +152,11 @@ def _registry() -> _Registry:
     return _Registry(objects=objects, enums=enums, names=names, hints=hints, placement=placement)
 
 
-def _field_names(cls: type) -> list[str]:
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
     if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-    return list(cls._fields)  # type: ignore[attr-defined]  # NamedTuple
+        return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(cls._fields)  # type: ignore[attr-defined]  # NamedTuple
 
 
 # ---- encoding -------------------------------------------------------------------------------------
@@ -187,9 +189,8 @@ def _encode_value(value: Any, where: str) -> Any:
         return {"$t": _REMOTE_DEVICE, "$s": str(value)}
     name = reg.names.get(type(value))
     if name is not None:
-        fields = {
-            f: _encode_value(getattr(value, f), f"{where}.{f}") for f in _field_names(type(value))
-        }
+        cls: type = value.__class__
+        fields = {f: _encode_value(getattr(value, f), f"{where}.{f}") for f in _field_names(cls)}
         return {"$t": name, "$f": fields}
     if isinstance(value, list):
         return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
@@ -264,35 +265,60 @@ def _type_name(hint: Any) -> str:
 
 def _matches(value: Any, hint: Any) -> bool:
     """Whether ``value`` fits the type hint ``hint`` (permissive where a hint is not understood)."""
+    try:
+        check = _checker(hint)
+    except TypeError:  # an unhashable hint: build its checker without the cache
+        check = _compile_hint(hint)
+    return check(value)
+
+
+@functools.cache
+def _checker(hint: Any) -> Callable[[Any], bool]:
+    # One checker per hint, built once: a plan has a ShardMetadata per shard (tables x ranks).
+    return _compile_hint(hint)
+
+
+def _always(value: Any) -> bool:
+    return True
+
+
+def _compile_hint(hint: Any) -> Callable[[Any], bool]:
     if hint is Any or isinstance(hint, typing.TypeVar | str | typing.ForwardRef):
-        return True
+        return _always
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
-        return any(_matches(value, a) for a in args)
+        subs = [_compile_hint(a) for a in args]
+        return lambda v: any(c(v) for c in subs)
     if hint is type(None):
-        return value is None
+        return lambda v: v is None
     if hint is bool:
-        return isinstance(value, bool)
+        return lambda v: isinstance(v, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
     if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
+        return lambda v: isinstance(v, int | float) and not isinstance(v, bool)
     if origin is list:
-        return isinstance(value, list) and (not args or all(_matches(v, args[0]) for v in value))
+        item = _compile_hint(args[0]) if args else _always
+        return lambda v: isinstance(v, list) and all(map(item, v))
     if origin is tuple:
-        if not isinstance(value, tuple):
-            return False
         if len(args) == 2 and args[1] is Ellipsis:
-            return all(_matches(v, args[0]) for v in value)
-        return not args or (len(args) == len(value) and all(map(_matches, value, args)))
-    if origin is frozenset:
-        return isinstance(value, frozenset) and (
-            not args or all(_matches(v, args[0]) for v in value)
+            each = _compile_hint(args[0])
+            return lambda v: isinstance(v, tuple) and all(map(each, v))
+        if not args:
+            return lambda v: isinstance(v, tuple)
+        subs = [_compile_hint(a) for a in args]
+        return lambda v: (
+            isinstance(v, tuple)
+            and len(v) == len(subs)
+            and all(c(x) for c, x in zip(subs, v, strict=True))
         )
+    if origin is frozenset:
+        item = _compile_hint(args[0]) if args else _always
+        return lambda v: isinstance(v, frozenset) and all(map(item, v))
     if origin is not None or not isinstance(hint, type):
-        return True  # dicts, callables, literals...: not checked
-    return isinstance(value, hint)
+        return _always  # dicts, callables, literals...: not checked
+    return lambda v: isinstance(v, hint)
 
 
 class _Decoder:
@@ -305,6 +331,8 @@ class _Decoder:
         if isinstance(obj, float):
             return obj
         if isinstance(obj, list):
+            if all(type(v) is int for v in obj):  # offsets, sizes, ranks: nothing to decode
+                return list(obj)
             return [self.value(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         if not isinstance(obj, dict):  # pragma: no cover - json gives nothing else
             raise _fail(where, f"unexpected JSON value {type(obj).__name__}")

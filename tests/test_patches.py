@@ -244,3 +244,54 @@ def test_patched_stock_path_is_equivalent_and_cheaper(patched_site: Path, tmp_pa
         # coalesced broadcast for the data-parallel table; the dense DDP wrap: 3 ops.
         assert stock_dmp["c10d_ops"] == {"broadcast_": 10, "allgather_": 3, "barrier": 2}
         assert dmp["c10d_ops"] == {"broadcast_": 4, "allgather_": 1}, dmp["c10d_ops"]
+
+
+def _dense_sequence_rank() -> list[float]:
+    """EmbeddingCollection tables with the "dense" kernel on CPU: 3 training steps."""
+    import torch.distributed as dist
+    from test_setup import _train
+
+    from fastinit.testing.models import ModelSpec, build_model, build_plan
+    from fastinit.testing.stock import stock_setup
+
+    spec = ModelSpec(num_tables=0, num_ec_tables=3, fp16_every=2)
+    types = ["table_wise", "row_wise", "column_wise"]
+    plan = build_plan(build_model(spec, device="meta"), types, 2, compute_kernel="dense")
+    dmp = stock_setup(build_model(spec, device="meta"), plan)
+    return _train(dmp, spec, dist.get_rank())
+
+
+def _dense_job(out_path: str) -> None:
+    from fastinit.testing.dist import run_ranks
+
+    results = run_ranks(_dense_sequence_rank, 2, timeout=200, grace=10, return_failures=True)
+    report = [{"ok": r.ok, "exitcode": r.exitcode, "losses": r.value} for r in results]
+    Path(out_path).write_text(json.dumps(report))
+
+
+def _run_dense(out: Path, torchrec_dir: Path | None) -> list[dict[str, Any]]:
+    path = (
+        [str(TESTS), str(REPO)]
+        if torchrec_dir is None
+        else [str(torchrec_dir), str(TESTS), str(REPO)]
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    code = f"import test_patches; test_patches._dense_job({str(out)!r})"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-8000:]
+    return json.loads(out.read_text())
+
+
+def test_dense_sequence_kernel_on_cpu_trains_instead_of_corrupting_the_heap(
+    patched_site: Path, tmp_path: Path
+) -> None:
+    # Stock 1.8.0: fbgemm's CPU dense lookup pools despite PoolingMode.NONE and the sequence
+    # all-to-all writes past its output: the ranks abort ("corrupted size vs. prev_size").
+    stock = _run_dense(tmp_path / "stock.json", None)
+    assert not any(r["ok"] for r in stock), stock
+    patched = _run_dense(tmp_path / "patched.json", patched_site)
+    assert all(r["ok"] for r in patched), patched
+    for r in patched:
+        assert len(r["losses"]) == 3 and all(loss == loss for loss in r["losses"])

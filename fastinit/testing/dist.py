@@ -119,6 +119,7 @@ def _child(job: _Job, conn: Connection) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     faulthandler.register(signal.SIGUSR1, file=log, all_threads=True)
+    faulthandler.enable(file=log, all_threads=True)  # a crash (SIGSEGV, SIGABRT) shows where
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",

@@ -22,8 +22,8 @@ __all__ = [
 #: name -> one-line description; the README's table is generated from the same words.
 KNOBS: dict[str, str] = {
     "FASTINIT_PLAN_CACHE": "Directory of the plan cache used when `setup(plan_cache=None)`.",
-    "FASTINIT_TRACE_DIR": "When set, every rank writes its trace (spans, c10d ops, groups, store ops) "
-    "as `trace-rank<N>.jsonl` here.",
+    "FASTINIT_TRACE_DIR": "When set (and no tracer is running), every `fastinit.setup` call traces "
+    "itself (spans, c10d ops, groups, store ops) and writes `trace-rank<N>.jsonl` here.",
     "FASTINIT_COMPILE_CACHE": "Directory of the compiled-artifact cache used by `fastinit.warmup`.",
     "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
     "rank raises (default 300).",

@@ -21,10 +21,12 @@ The start-up protocol (DESIGN.md, "verify cheaply, send only what differs"):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -305,7 +307,7 @@ def setup(
 
     _trc.check_versions()
     device = device or torch.device("cpu")
-    with trace.span("fastinit.setup"):
+    with _tracer_from_env(), trace.span("fastinit.setup"):
         pg = env.process_group if env is not None else _ensure_process_group(device)
         if env is None:
             env = _make_env(pg, device)
@@ -432,6 +434,22 @@ def setup(
         if init_data_parallel:
             model.init_data_parallel()
     return model
+
+
+@contextlib.contextmanager
+def _tracer_from_env() -> Iterator[None]:
+    """With ``FASTINIT_TRACE_DIR`` set and no tracer running, trace this ``setup`` call and write
+    ``trace-rank<N>.jsonl`` there."""
+    out_dir = knobs.get_trace_dir()
+    if out_dir is None or trace.active() is not None:
+        yield
+        return
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    tracer = trace.Tracer(rank=rank, out_dir=out_dir).start()
+    try:
+        yield
+    finally:
+        tracer.stop()
 
 
 def _set_seed(sharder: Any, seed: int) -> None:

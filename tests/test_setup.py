@@ -304,3 +304,23 @@ def test_a_dead_rank_makes_the_others_fail_clearly() -> None:
     assert results[1].exitcode == 7
     assert results[0].error is not None
     assert "StartupError" in results[0].error and "rank 0" in results[0].error, results[0].error
+
+
+def _setup_with_trace_dir() -> int:
+    import fastinit
+    from fastinit.testing.models import ModelSpec, build_model
+
+    fastinit.setup(build_model(ModelSpec(num_tables=2), device="meta"), seed=1)
+    return 0
+
+
+def test_trace_dir_knob_makes_setup_write_its_trace(tmp_path) -> None:
+    from fastinit.trace import read_jsonl
+
+    run_ranks(_setup_with_trace_dir, 2, env={"FASTINIT_TRACE_DIR": str(tmp_path)}, timeout=120)
+    for rank in (0, 1):
+        events = read_jsonl(str(tmp_path / f"trace-rank{rank}.jsonl"))
+        summary = events[-1]
+        assert summary["kind"] == "summary"
+        assert summary["c10d_ops"] == {"allgather_": 1, "broadcast_": 1}
+        assert "fastinit.setup" in summary["spans_s"]

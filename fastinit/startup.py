@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import struct
@@ -159,21 +160,15 @@ def _dense_named_tensors(module: nn.Module, sharded: list[str]) -> list[tuple[st
     return out
 
 
-def _dense_digest(tensors: list[tuple[str, torch.Tensor]]) -> bytes | None:
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, t in tensors:
-        if t.device.type == "meta":
-            return None
-        h.update(name.encode())
-        h.update(str(t.dtype).encode())
-        h.update(repr(tuple(t.shape)).encode())
-        data = t.detach()
-        if data.device.type != "cpu":
-            data = data.cpu()
-        h.update(data.contiguous().view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return h.digest()
+def _embedding_state_names(module: nn.Module, paths: list[str]) -> set[str]:
+    """Names of every parameter and buffer under the modules at ``paths``."""
+    names: set[str] = set()
+    for path in paths:
+        sub = module.get_submodule(path)
+        prefix = f"{path}." if path else ""
+        names.update(prefix + n for n, _ in sub.named_parameters())
+        names.update(prefix + n for n, _ in sub.named_buffers())
+    return names
 
 
 @torch.no_grad()
@@ -301,7 +296,8 @@ def setup(
 
     from fastinit.sharding import _torchrec_modules as _trc
     from fastinit.sharding.cache import PlanCache, resolve_cache_dir
-    from fastinit.sharding.codec import decode_plan, encode_plan, plan_digest
+    from fastinit.sharding.codec import encode_plan
+    from fastinit.sharding.fingerprint import dense_digest as dense_digest_of
     from fastinit.sharding.fingerprint import planner_fingerprint
     from fastinit.sharding.sharders import fast_sharders
 
@@ -346,7 +342,7 @@ def setup(
             if plan is not None:
                 validate_plan(module, plan, all_sharders)
                 encoded = encode_plan(plan)
-                digest = plan_digest(plan)
+                digest = hashlib.sha256(encoded).digest()  # = codec.plan_digest(plan)
                 flags |= _HAS_PLAN
         except Exception as e:  # joins the exchange with its error: nobody hangs
             error = f"{type(e).__name__}: {e}"
@@ -359,7 +355,7 @@ def setup(
         # the digests compare like with like whether or not a rank holds the plan yet.
         types = tuple(s.module_type for s in all_sharders)
         embedding_paths = [p for p, m in module.named_modules() if isinstance(m, types)]
-        dense_digest = _dense_digest(_dense_named_tensors(module, embedding_paths))
+        dense_digest = dense_digest_of(module, _embedding_state_names(module, embedding_paths))
         if dense_digest is None:
             flags |= _DENSE_META
         mine = _Record(
@@ -383,14 +379,10 @@ def setup(
         holders = [r for r, rec in enumerate(records) if rec.flags & _HAS_PLAN]
         src = holders[0]
         if len(holders) < world_size or len({records[r].plan_digest for r in holders}) > 1:
-            plan = _broadcast_plan(encoded, records[src], src, rank, pg, decode_plan, plan_digest)
+            plan = _broadcast_plan(encoded, records[src], src, rank, pg)
         # Ranks whose lookup missed fill the cache: the planner, and one rank per host.
-        missed = cache is not None and (flags & _PLANNER or not flags & _HAS_PLAN)
-        if (
-            cache is not None
-            and missed
-            and (flags & _PLANNER or os.environ.get("LOCAL_RANK", "0") == "0")
-        ):
+        local_leader = os.environ.get("LOCAL_RANK", "0") == "0"
+        if cache is not None and (flags & _PLANNER or (not flags & _HAS_PLAN and local_leader)):
             with trace.span("fastinit.plan_cache.put"):
                 cache.put(fingerprint, plan)
 
@@ -511,15 +503,9 @@ def _check(records: list[_Record], rank: int, failure: Exception | None) -> None
         raise StartupError("no rank holds a plan after planning (internal error)")
 
 
-def _broadcast_plan(
-    encoded: bytes | None,
-    source: _Record,
-    src: int,
-    rank: int,
-    pg: Any,
-    decode: Any,
-    digest_of: Any,
-) -> Any:
+def _broadcast_plan(encoded: bytes | None, source: _Record, src: int, rank: int, pg: Any) -> Any:
+    from fastinit.sharding.codec import decode_plan
+
     if rank == src:
         assert encoded is not None
         buf = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
@@ -527,10 +513,10 @@ def _broadcast_plan(
         buf = torch.empty(source.plan_len, dtype=torch.uint8)
     work = dist.broadcast(buf, src=dist.get_global_rank(pg, src), group=pg, async_op=True)
     _wait(work, "plan broadcast", rank)
-    plan = decode(bytes(buf.numpy()))
-    if digest_of(plan) != source.plan_digest:
+    data = bytes(buf.numpy())
+    if hashlib.sha256(data).digest() != source.plan_digest:
         raise StartupError(f"rank {rank}: the plan received from rank {src} fails its digest check")
-    return plan
+    return decode_plan(data)
 
 
 @torch.no_grad()

@@ -145,8 +145,13 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
                 self._lookups[index] = _ddp_without_init_sync(lookup, self._env, self._device)
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        by_id: dict[int, str] = {}
+
         def local_init(local_shards: Any, *global_size: Any, **kwargs: Any) -> Any:
-            return _local_sharded_tensor(self, local_shards, global_size, **kwargs)
+            # Every table's local-shard list exists before the first ShardedTensor is built.
+            if not by_id:
+                by_id.update(_trc.ec_local_shards_by_id(self))
+            return _local_sharded_tensor(self, by_id, local_shards, global_size, **kwargs)
 
         with _trc.local_sharded_tensor_init(local_init):
             super()._initialize_torch_state(skip_registering)
@@ -159,6 +164,7 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
 
 def _local_sharded_tensor(
     module: Any,
+    by_id: dict[int, str],
     local_shards: Any,
     global_size: tuple[Any, ...],
     process_group: Any = None,
@@ -167,7 +173,7 @@ def _local_sharded_tensor(
     """Build one table's ShardedTensor from the plan (no collective), or NotImplemented."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor, TensorProperties
 
-    name = _trc.ec_local_shards_by_id(module).get(id(local_shards))
+    name = by_id.get(id(local_shards))
     if name is None or init_rrefs:
         return NotImplemented
     config = _trc.table_config(module, name)

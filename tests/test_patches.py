@@ -19,17 +19,11 @@ from typing import Any
 
 import pytest
 
+from fastinit.testing.models import SHARDING_TYPES
+
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
-ALL_TYPES = [
-    "data_parallel",
-    "table_wise",
-    "column_wise",
-    "table_column_wise",
-    "row_wise",
-    "table_row_wise",
-    "grid_shard",
-]
+ALL_TYPES = list(SHARDING_TYPES)
 # (name, ModelSpec kwargs, plan: "planner" or sharding types for build_plan, train?)
 CASES_2 = [
     ("ebc-planner", {"num_tables": 8}, "planner", True),

@@ -20,7 +20,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from fastinit import knobs, trace
-    from fastinit.startup import PlanMismatchError, StartupError, StartupMismatchError, setup
+    from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+    from fastinit.startup import setup
 
 _STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
 
@@ -28,10 +29,14 @@ _STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError"
 def __getattr__(name: str) -> Any:
     import importlib
 
-    if name in _STARTUP:
-        from fastinit import startup
+    if name == "setup":
+        from fastinit.startup import setup
 
-        return getattr(startup, name)
+        return setup
+    if name in _STARTUP:
+        from fastinit import errors
+
+        return getattr(errors, name)
     if name in ("trace", "knobs", "testing", "sharding", "pg", "warmup"):
         return importlib.import_module(f"fastinit.{name}")
     raise AttributeError(f"module 'fastinit' has no attribute {name!r}")

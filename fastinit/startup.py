@@ -35,6 +35,9 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import knobs, trace
+from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+from fastinit.seeding import materialize_dense
+from fastinit.sharding.validate import validate_plan
 
 logger = logging.getLogger(__name__)
 
@@ -45,63 +48,6 @@ _ERROR_BYTES = 384
 # version, flags, fingerprint, plan digest, dense digest, plan length, seed, error length, error
 _RECORD = struct.Struct(f"<BB32s32s32sQqH{_ERROR_BYTES}s")
 _HAS_PLAN, _EXPLICIT, _DENSE_META, _FAILED, _VALIDATE, _PLANNER = (1, 2, 4, 8, 16, 32)
-
-
-class StartupError(RuntimeError):
-    """fastinit's start-up failed on some rank; raised on every rank with the same message."""
-
-
-class StartupMismatchError(StartupError):
-    """Ranks disagree on what they are setting up (planner inputs or an explicit plan)."""
-
-
-class PlanMismatchError(StartupError):
-    """The plan does not fit the module (a missing module or table, or the wrong shape)."""
-
-
-def validate_plan(module: nn.Module, plan: Any, sharders: list[Any]) -> None:
-    """Raise :class:`PlanMismatchError` unless every module plan names a shardable module of
-    ``module`` and every table in it exists there with shards that tile its shape."""
-    modules = dict(module.named_modules())
-    by_type = {s.module_type: s for s in sharders}
-    for path, module_plan in plan.plan.items():
-        target = modules.get(path)
-        if target is None:
-            raise PlanMismatchError(f"the plan shards {path!r}, which the module does not have")
-        sharder = next((s for t, s in by_type.items() if isinstance(target, t)), None)
-        if sharder is None:
-            raise PlanMismatchError(
-                f"the plan shards {path!r} ({type(target).__name__}), which no sharder handles"
-            )
-        params = sharder.shardable_parameters(target)
-        for name, ps in module_plan.items():
-            if name not in params:
-                raise PlanMismatchError(
-                    f"the plan shards table {name!r} of {path!r}, which has only {sorted(params)}"
-                )
-            shape = tuple(params[name].shape)
-            spec = ps.sharding_spec
-            if spec is None:
-                continue
-            covered = 0
-            for shard in spec.shards:
-                ends = [o + n for o, n in zip(shard.shard_offsets, shard.shard_sizes, strict=True)]
-                if len(ends) != len(shape) or any(e > d for e, d in zip(ends, shape, strict=True)):
-                    raise PlanMismatchError(
-                        f"the plan's shard {shard.shard_offsets}+{shard.shard_sizes} of "
-                        f"{path}.{name} lies outside the table's shape {list(shape)}"
-                    )
-                size = 1
-                for n in shard.shard_sizes:
-                    size *= n
-                covered += size
-            total = 1
-            for d in shape:
-                total *= d
-            if covered != total:
-                raise PlanMismatchError(
-                    f"the plan's shards of {path}.{name} cover {covered} of its {total} elements"
-                )
 
 
 @dataclasses.dataclass(slots=True)
@@ -169,35 +115,6 @@ def _embedding_state_names(module: nn.Module, paths: list[str]) -> set[str]:
         names.update(prefix + n for n, _ in sub.named_parameters())
         names.update(prefix + n for n, _ in sub.named_buffers())
     return names
-
-
-@torch.no_grad()
-def _materialize_dense(
-    module: nn.Module, sharded: list[str], device: torch.device, seed: int
-) -> None:
-    """DMP's own ``init_parameters`` for the dense modules, with seeded per-module generators."""
-    from fastinit.sharding.sharders import seeded_generator_seed, seeded_init
-
-    if "" in sharded:
-        return
-    prefixes = tuple(f"{p}." for p in sharded)
-    for path, m in module.named_modules():
-        if path in sharded or (prefixes and path.startswith(prefixes)):
-            continue
-        has_meta_param = False
-        for name, param in m._parameters.items():
-            if isinstance(param, torch.Tensor) and param.device.type == "meta":
-                m._parameters[name] = nn.Parameter(
-                    torch.empty_like(param, device=device), requires_grad=param.requires_grad
-                )
-                has_meta_param = True
-        for name, buf in m._buffers.items():
-            if isinstance(buf, torch.Tensor) and buf.device.type == "meta":
-                m._buffers[name] = torch.zeros_like(buf, device=device)
-        reset = getattr(m, "reset_parameters", None)
-        if has_meta_param and reset is not None:
-            anchor = torch.empty(0, device=device)
-            seeded_init([(anchor, lambda _t, r=reset: r(), seeded_generator_seed(seed, path))])
 
 
 def _default_planner(env_world_size: int, device: torch.device) -> Any:
@@ -396,7 +313,7 @@ def setup(
         )
         if init_parameters:
             with trace.span("fastinit.materialize_dense"):
-                _materialize_dense(module, sharded, device, seed_used)
+                materialize_dense(module, sharded, device, seed_used)
 
         from fastinit import pg as fastinit_pg
 

@@ -16,7 +16,6 @@ Everything else (lookups, input/output dists, fused optimizers, state_dict) is T
 from __future__ import annotations
 
 import copy
-import hashlib
 from typing import Any
 
 import torch
@@ -29,46 +28,19 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import data_type_to_dtype
 
+from fastinit.seeding import seeded_generator_seed, seeded_init
 from fastinit.sharding import _torchrec_modules as _trc
 
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
     "FastEmbeddingCollectionSharder",
     "fast_sharders",
-    "seeded_generator_seed",
-    "seeded_init",
 ]
-
-
-def seeded_generator_seed(seed: int, name: str) -> int:
-    """A 63-bit seed for the parameter (or module) ``name``; the same on every rank and process."""
-    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 _VIRTUAL_KERNELS = frozenset(
     {"key_value", "ssd_virtual_table", "dram_virtual_table", "dram_ssd_virtual_table"}
 )
-
-
-def seeded_init(items: list[tuple[torch.Tensor, Any, int]]) -> None:
-    """Run ``init(tensor)`` for each ``(tensor, init, seed)`` with the RNG of the tensor's device
-    seeded by ``seed``; the caller's RNG states (CPU and each CUDA device used) come back after.
-
-    Only the generator of the tensor's own device is reseeded (``torch.manual_seed`` would reseed
-    every CUDA device), and the states are saved once for the whole list.
-    """
-    if not items:
-        return
-    cuda = sorted({t.device.index or 0 for t, _, _ in items if t.device.type == "cuda"})
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
-        for tensor, init, seed in items:
-            if tensor.device.type == "cuda":
-                with torch.cuda.device(tensor.device):
-                    torch.cuda.manual_seed(seed)
-            else:
-                torch.random.default_generator.manual_seed(seed)
-            init(tensor)
 
 
 def _ddp_without_init_sync(lookup: nn.Module, env: Any, device: torch.device | None) -> nn.Module:

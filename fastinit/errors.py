@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["StartupError", "StartupMismatchError", "PlanMismatchError"]
+__all__ = ["CompatibilityError", "StartupError", "StartupMismatchError", "PlanMismatchError"]
 
 
 class StartupError(RuntimeError):
@@ -15,3 +15,7 @@ class StartupMismatchError(StartupError):
 
 class PlanMismatchError(StartupError):
     """The plan does not fit the module (a missing module or table, or the wrong shape)."""
+
+
+class CompatibilityError(RuntimeError):
+    """The installed torch or TorchRec lacks something fastinit relies on (named in the message)."""

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastinit import knobs, trace
+from fastinit import compat, knobs, trace
 from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
 from fastinit.seeding import materialize_dense
 from fastinit.sharding.validate import validate_plan
@@ -218,7 +218,7 @@ def setup(
     from fastinit.sharding.fingerprint import planner_fingerprint
     from fastinit.sharding.sharders import fast_sharders
 
-    _trc.check_versions()
+    compat.require("setup")
     device = device or torch.device("cpu")
     with _tracer_from_env(), trace.span("fastinit.setup"):
         pg = env.process_group if env is not None else _ensure_process_group(device)

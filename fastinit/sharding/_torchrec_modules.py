@@ -1,6 +1,6 @@
 """Private TorchRec and torch names touched by fastinit's sharders and ``setup``, in one place.
 
-Written against torchrec 1.8.0 and torch 2.13.0; :func:`check_versions` refuses anything else
+Written against torchrec 1.8.0 and torch 2.13.0; :func:`fastinit.compat.require` checks for them
 before any of these names is used, so an upgrade fails loudly instead of silently changing what a
 patched code path does.
 
@@ -21,21 +21,6 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
-
-TORCHREC_VERSION = "1.8.0"
-
-
-def check_versions() -> None:
-    """Raise if the installed torchrec is not the one these touches were written against."""
-    import torchrec
-
-    version = getattr(torchrec, "__version__", "unknown")
-    if not str(version).startswith(TORCHREC_VERSION):
-        raise RuntimeError(
-            f"fastinit.sharding was written against torchrec {TORCHREC_VERSION}; found {version}. "
-            "Pass sharders explicitly or pin torchrec."
-        )
-
 
 _local = threading.local()
 _patch_lock = threading.Lock()

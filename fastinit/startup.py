@@ -28,7 +28,7 @@ import logging
 import os
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,9 +39,21 @@ from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchErro
 from fastinit.seeding import materialize_dense
 from fastinit.sharding.validate import validate_plan
 
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ModuleSharder, ShardingPlanner
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["setup", "validate_plan", "StartupError", "StartupMismatchError", "PlanMismatchError"]
+__all__ = [
+    "setup",
+    "plan_key",
+    "PlanKey",
+    "validate_plan",
+    "StartupError",
+    "StartupMismatchError",
+    "PlanMismatchError",
+]
 
 _RECORD_VERSION = 1
 _ERROR_BYTES = 384
@@ -117,18 +129,85 @@ def _embedding_state_names(module: nn.Module, paths: list[str]) -> set[str]:
     return names
 
 
-def _default_planner(env_world_size: int, device: torch.device) -> Any:
-    from torchrec.distributed.comm import get_local_size
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanKey:
+    """What ``setup`` plans with and the plan-cache key it looks the plan up under."""
+
+    planner: Any
+    """The planner that plans when no plan is given (the default one resolved)."""
+    sharders: list[Any]
+    """The sharders the plan is made for (fast equivalents of the given or default ones)."""
+    fingerprint: bytes
+    """The plan-cache key: a digest of every planner input (32 bytes)."""
+    uncacheable: str | None
+    """Why the plan cache is off for these inputs (a planner input without a canonical
+    description), or None."""
+
+
+def plan_key(
+    module: nn.Module,
+    *,
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
+    planner: ShardingPlanner | None = None,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> PlanKey:
+    """Resolve the default planner and sharders and compute the plan-cache key, as ``setup`` does.
+
+    Needs no process group: an offline tool can compute the key (and plan) for a world it is not
+    part of.
+
+    Args:
+        module: the unsharded model (usually on the meta device).
+        world_size: ranks in the job.
+        local_world_size: ranks per host.
+        device: the compute device of the job (its type picks the topology's device).
+        sharders: as for ``setup`` (default: TorchRec's default sharders).
+        planner: as for ``setup`` (default: fastinit's planner for this topology).
+        constraints: per-table constraints for the default planner; with ``planner`` given,
+            they replace the planner's own in the key.
+
+    Returns:
+        The :class:`PlanKey`.
+    """
+    from fastinit.sharding import _torchrec_modules as _trc
+    from fastinit.sharding import fingerprint as fp
+    from fastinit.sharding.sharders import fast_sharders
+
+    all_sharders = fast_sharders(sharders, 0)
+    if planner is None:
+        planner = _default_planner(world_size, local_world_size, device, constraints)
+    topology, planner_constraints = _trc.planner_inputs(planner)
+    if constraints is None:
+        constraints = planner_constraints
+    with trace.span("fastinit.fingerprint"):
+        fingerprint = fp.planner_fingerprint(
+            module, all_sharders, topology, constraints=constraints, planner=planner
+        )
+    reason_of = getattr(fp, "uncacheable_reason", None)  # added with the plan-cache hardening
+    uncacheable = reason_of(planner, all_sharders, constraints) if reason_of else None
+    return PlanKey(planner, all_sharders, fingerprint, uncacheable)
+
+
+def _default_planner(
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> ShardingPlanner:
     from torchrec.distributed.planner import Topology
 
     from fastinit.sharding.planner import FastPlanner
 
     return FastPlanner(
         topology=Topology(
-            local_world_size=get_local_size(env_world_size),
-            world_size=env_world_size,
+            local_world_size=local_world_size,
+            world_size=world_size,
             compute_device=device.type,
-        )
+        ),
+        constraints=constraints,
     )
 
 
@@ -215,7 +294,6 @@ def setup(
     from fastinit.sharding.cache import PlanCache, resolve_cache_dir
     from fastinit.sharding.codec import encode_plan
     from fastinit.sharding.fingerprint import dense_digest as dense_digest_of
-    from fastinit.sharding.fingerprint import planner_fingerprint
     from fastinit.sharding.sharders import fast_sharders
 
     compat.require("setup")
@@ -228,20 +306,28 @@ def setup(
         if pg is None and world_size > 1:
             raise StartupError("fastinit.setup needs a process group when world_size > 1")
         local_seed = int(seed) if seed is not None else int(torch.initial_seed()) & ((1 << 63) - 1)
-        all_sharders = fast_sharders(sharders, local_seed)
         flags = _VALIDATE if _trc.collective_validation_on_leader() else 0
         error = ""
         fingerprint = b"\0" * 32
         digest = b"\0" * 32
         encoded: bytes | None = None
         cache = None
+        all_sharders = fast_sharders(sharders, local_seed)
         try:
-            planner = planner or _default_planner(world_size, device)
-            topology, constraints = _trc.planner_inputs(planner)
-            with trace.span("fastinit.fingerprint"):
-                fingerprint = planner_fingerprint(
-                    module, all_sharders, topology, constraints=constraints, planner=planner
-                )
+            from torchrec.distributed.comm import get_local_size
+
+            key = plan_key(
+                module,
+                world_size=world_size,
+                local_world_size=get_local_size(world_size),
+                device=device,
+                sharders=sharders,
+                planner=planner,
+            )
+            planner, fingerprint = key.planner, key.fingerprint
+            all_sharders = key.sharders
+            for s in all_sharders:
+                _set_seed(s, local_seed)
             if plan is None:
                 cache_dir = resolve_cache_dir(plan_cache)
                 if cache_dir is not None:

@@ -63,5 +63,14 @@ baseline: $(STAMP)
 micro: $(STAMP)
 	$(PY) -m pytest benchmarks/micro --benchmark-only
 
+# TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
+# fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree at the installed
+# version (git archive v1.8.0-rc1 of TorchRec's repository); nothing is fetched. Output in peer-out/.
+TORCHREC_SRC ?= $(FASTINIT_TORCHREC_SRC)
+PEER_ARGS ?=
+.PHONY: peer
+peer: $(STAMP)
+	$(PY) -m tools.peer --torchrec-src "$(TORCHREC_SRC)" $(PEER_ARGS)
+
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -45,6 +45,7 @@ __all__ = [
     "check_records",
     "comm_device",
     "exchange",
+    "explicit_seeds",
     "normalize_seed",
     "replicated_tensors",
     "structure_of",
@@ -431,6 +432,13 @@ def _first_difference(lists: Sequence[bytes]) -> str:
     return ""
 
 
+def explicit_seeds(records: Sequence[Record]) -> list[int]:
+    """Every rank's seed, by rank, when any rank passed ``seed=``; else empty."""
+    if any(rec.flags & SEED_GIVEN for rec in records):
+        return [rec.seed for rec in records]
+    return []
+
+
 def agreed_seed(records: Sequence[Record], rank: int) -> int:
     """Rank 0's seed, which every rank uses; warns when explicit seeds differ across ranks."""
     seeds = [rec.seed for rec in records]
@@ -614,7 +622,7 @@ def verify_replicas(
         f"to rank 0's values: {shown}"
     )
     if len(set(seeds)) > 1:
-        message += f" (the ranks' seeds differ: {list(seeds)})"
+        message += f" (the ranks passed different seeds, by rank: {list(seeds)})"
     warnings.warn(message, ReplicaMismatchWarning, stacklevel=3)
     if log is not None:
         log(message)

@@ -238,7 +238,7 @@ def setup(
         differed = protocol.verify_replicas(
             channel,
             protocol.replicated_tensors(model.module, plan),
-            seeds=[rec.seed for rec in records],
+            seeds=protocol.explicit_seeds(records),
             log=logger.warning,
         )
         if init_data_parallel:

@@ -332,7 +332,60 @@ def _agree(model: Any) -> dict[str, Any]:
     return {"n": len(mine), "differ": differ, "uncovered": sorted(set(mine) - covered)}
 
 
-def _protocol_cases() -> dict[str, Any]:
+def _cache_cases(cache_dir: str) -> dict[str, Any]:
+    """setup's plan-cache wiring: a foreign plan under this key is a miss, re-planned and replaced;
+    a planner input without a canonical description turns the cache off, with a warning."""
+    import warnings
+
+    import torch.distributed as dist
+    from torchrec.distributed.comm import get_local_size
+    from torchrec.distributed.planner import Topology
+
+    import fastinit
+    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache
+    from fastinit.sharding.planner import FastPlanner
+    from fastinit.startup import plan_key
+    from fastinit.testing.models import ModelSpec, build_model, build_plan
+
+    ws = dist.get_world_size()
+    spec = ModelSpec(num_tables=3, rows=64, dims=(8,))
+    key = plan_key(
+        build_model(spec, device="meta"),
+        world_size=ws,
+        local_world_size=get_local_size(ws),
+        device=torch.device("cpu"),
+    ).fingerprint
+    cache = PlanCache(cache_dir)
+    if dist.get_rank() == 0:
+        foreign = build_plan(build_model(ModelSpec(num_tables=5), device="meta"), "table_wise", ws)
+        assert cache.put(key, foreign)
+    dist.barrier()
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = fastinit.setup(build_model(spec, device="meta"), plan_cache=cache_dir, seed=1)
+    out["foreign_warned"] = [
+        str(w.message) for w in caught if issubclass(w.category, FastinitCacheWarning)
+    ]
+    dist.barrier()
+    replaced = cache.get(key)
+    out["replaced"] = replaced is not None and sorted(replaced.plan) == sorted(model.plan.plan)
+    topology = Topology(world_size=ws, local_world_size=get_local_size(ws), compute_device="cpu")
+    planner = FastPlanner(topology=topology, callbacks=[lambda options: options])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fastinit.setup(
+            build_model(spec, device="meta"), planner=planner, plan_cache=cache_dir, seed=1
+        )
+    out["lambda_warned"] = [
+        str(w.message) for w in caught if issubclass(w.category, FastinitCacheWarning)
+    ]
+    dist.barrier()
+    out["entries"] = len([f for f in os.listdir(cache_dir) if f.endswith(".fiplan")])
+    return out
+
+
+def _protocol_cases(cache_dir: str) -> dict[str, Any]:
     import random
     import threading
     import warnings
@@ -416,11 +469,14 @@ def _protocol_cases() -> dict[str, Any]:
         out["plan_mismatch"] = "no error"
     except PlanMismatchError as e:
         out["plan_mismatch"] = f"{type(e).__name__}: {e}"
+    out["cache"] = _cache_cases(cache_dir)
     return out
 
 
-def test_replicated_values_are_verified_not_assumed() -> None:
-    results = run_ranks(_protocol_cases, 2, trace=True, timeout=400, backend="cpu:gloo")
+def test_replicated_values_are_verified_not_assumed(tmp_path: Any) -> None:
+    results = run_ranks(
+        _protocol_cases, 2, args=(str(tmp_path),), trace=True, timeout=400, backend="cpu:gloo"
+    )
     for rank, res in enumerate(results):
         for case in (
             "default_seeds",
@@ -459,6 +515,11 @@ def test_replicated_values_are_verified_not_assumed() -> None:
         assert first in err, err
         assert res["plan_mismatch"].startswith("PlanMismatchError:"), res["plan_mismatch"]
         assert "t4" in res["plan_mismatch"] or "t8" in res["plan_mismatch"]
+        cache = res["cache"]
+        assert any("does not fit" in w for w in cache["foreign_warned"]), cache
+        assert cache["replaced"], cache
+        assert len(cache["lambda_warned"]) == 1 and "lambda" in cache["lambda_warned"][0], cache
+        assert cache["entries"] == 1, cache  # the uncacheable call wrote nothing
     assert results[0]["dense_differs"] == results[1]["dense_differs"]
     assert results[0]["plan_mismatch"] == results[1]["plan_mismatch"]
 

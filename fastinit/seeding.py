@@ -89,7 +89,8 @@ def _log_once(key: str, level: int, message: str, *args: Any) -> None:
 @functools.cache
 def _generator_slot(op: Any) -> tuple[int, str] | None:
     """``(position, name)`` of the op's ``Generator?`` argument, or None."""
-    for i, arg in enumerate(op._schema.arguments):
+    schema = getattr(op, "_schema", None)  # higher-order operators have none
+    for i, arg in enumerate(schema.arguments if schema is not None else ()):
         if "Generator" in str(arg.type):
             return i, arg.name
     return None
@@ -112,13 +113,12 @@ def _generator_overload(op: Any) -> Any:
 
 
 def _op_device(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.device
-    device = kwargs.get("device")
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cpu")
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    if device is None:
+        device = torch.device(kwargs.get("device") or "cpu")
+    if device.type == "cuda" and device.index is None:  # what the op will run on
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class _ExplicitRng(TorchDispatchMode):
@@ -137,7 +137,7 @@ class _ExplicitRng(TorchDispatchMode):
     ) -> Any:
         kwargs = dict(kwargs or {})
         slot = _generator_slot(func)
-        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        seeded = torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
         if slot is None and not seeded:
             return func(*args, **kwargs)
         device = _op_device(args, kwargs)

@@ -422,3 +422,12 @@ def test_tables_are_plan_invariant_and_replicas_agree() -> None:
     # Both plans shard every table somewhere, and every sharding type occurs.
     assert any(t.dtype == torch.float16 for t in reference.values())
     assert torch.equal(reference["extra.scale"], torch.zeros(5))
+
+
+def test_an_op_without_a_generator_variant_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        caplog.at_level(logging.WARNING, logger="fastinit.seeding"),
+        seeding.scratch_rng(1, "dropout"),
+    ):
+        torch.ops.aten.native_dropout(torch.ones(16), 0.5, True)
+    assert "native_dropout" in caplog.text and "global RNG" in caplog.text

@@ -13,9 +13,11 @@ so TorchRec is imported from the tree, as a source checkout is (its version read
 need ``hypothesis``.
 
 In the swapped run, a ``sitecustomize`` in a temporary directory on ``PYTHONPATH`` installs
-:mod:`tools.peer.swap` in the pytest process and in every rank it spawns: each
-``DistributedModelParallel`` global of TorchRec's test utilities is replaced, in that process
-only, by a stand-in that calls ``fastinit.setup`` with the same arguments. The tree is not edited.
+:mod:`tools.peer.swap` in the pytest process and in every rank it spawns, and the pytest plugin
+:mod:`tools.peer.plugin` re-applies it before each test (pytest's own import hook loads the
+``test_*.py`` utilities in its process): each ``DistributedModelParallel`` global of TorchRec's
+test utilities is replaced, in that process only, by a stand-in that calls ``fastinit.setup``
+with the same arguments. The tree is not edited.
 
 Writes ``<out>/{stock,swap}.xml`` (JUnit), ``<out>/{stock,swap}.log``, ``<out>/swap-calls.jsonl``
 (one line per ``fastinit.setup`` call made through the swap) and ``<out>/summary.md``; prints the
@@ -191,6 +193,8 @@ def run_suite(
             f"--timeout={per_test_timeout}",
             f"--junitxml={xml}",
         ]
+        if mode == "swap":
+            cmd += ["-p", "tools.peer.plugin"]
         if keyword:
             cmd += ["-k", keyword]
         start = time.perf_counter()

@@ -24,7 +24,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PREFIXES", "SwappedDMP", "install"]
+__all__ = ["PREFIXES", "SwappedDMP", "install", "swap_loaded"]
 
 #: Modules whose ``DistributedModelParallel`` globals are swapped.
 PREFIXES = ("torchrec.distributed.test_utils.", "torchrec.distributed.tests.")
@@ -121,6 +121,13 @@ def install(log_path: str | None) -> None:
     _log_path = log_path
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
-    for name, module in list(sys.modules.items()):  # already imported: swap now
+    swap_loaded()
+
+
+def swap_loaded() -> None:
+    """Swap the names of every test-utility module already imported (by any loader)."""
+    if "torchrec.distributed.model_parallel" not in sys.modules:
+        return
+    for name, module in list(sys.modules.items()):
         if name.startswith(PREFIXES) and module is not None:
             _swap_globals(module)

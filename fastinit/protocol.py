@@ -442,7 +442,7 @@ def explicit_seeds(records: Sequence[Record]) -> list[int]:
     return []
 
 
-def agreed_seed(records: Sequence[Record], rank: int) -> int:
+def agreed_seed(records: Sequence[Record]) -> int:
     """Rank 0's seed, which every rank uses; warns when explicit seeds differ across ranks."""
     seeds = [rec.seed for rec in records]
     given = [bool(rec.flags & SEED_GIVEN) for rec in records]

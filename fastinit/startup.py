@@ -195,8 +195,8 @@ def setup(
         A ``torchrec.distributed.model_parallel.DistributedModelParallel``.
 
     Raises:
-        PlanMismatchError: the plan (explicit or cached without a fit check) does not fit the
-            module; raised as itself on every rank.
+        PlanMismatchError: the explicit plan does not fit the module or the world; raised as
+            itself on every rank (a cached plan that does not fit is a cache miss instead).
         StartupMismatchError: ranks disagree on the model, the planner inputs, the explicit plan
             or ``init_parameters``; on every rank.
         StartupError: start-up failed on some rank (planning, a dead or late peer, a corrupt
@@ -214,10 +214,7 @@ def setup(
         )
         records = _exchange(channel, local)
         plan = _agree_on_plan(channel, records, local)
-        seed_used = protocol.agreed_seed(records, channel.rank)
-        for s in local.sharders:
-            _set_seed(s, seed_used)
-        _set_collective_validation(bool(records[0].flags & protocol.VALIDATE))
+        seed_used = _adopt_rank0_settings(records, local.sharders)
         if init_parameters:
             from fastinit.seeding import materialize_dense
 
@@ -562,6 +559,16 @@ def _set_collective_validation(enabled: bool) -> None:
     from fastinit.sharding import _torchrec_modules as _trc
 
     _trc.set_collective_validation(enabled)
+
+
+def _adopt_rank0_settings(records: list[Record], sharders: list[Any]) -> int:
+    """Rank 0's seed (returned, and given to the sharders) and collective-validation setting,
+    from the records: what stock would broadcast, already known."""
+    seed = protocol.agreed_seed(records)
+    for sharder in sharders:
+        _set_seed(sharder, seed)
+    _set_collective_validation(bool(records[0].flags & protocol.VALIDATE))
+    return seed
 
 
 def _set_seed(sharder: Any, seed: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,8 @@ _VIRTUAL_KERNELS = frozenset(
     {"key_value", "ssd_virtual_table", "dram_virtual_table", "dram_ssd_virtual_table"}
 )
 _CUSTOMIZED = "customized_kernel"
-_DENSE = "dense"
+
+logger = logging.getLogger(__name__)
 
 
 def _params_of(module: Any) -> nn.ModuleDict | None:
@@ -124,6 +126,11 @@ def ec_initialize_torch_state(
     (DTensor output, virtual tables, customised kernels) run TorchRec's method as it is.
     """
     if not _ec_can_build_locally(module):
+        logger.info(
+            "fastinit: EmbeddingCollection %s (DTensor output, virtual tables or customised "
+            "kernels): TorchRec builds its ShardedTensors (2 all_gather_object per table)",
+            getattr(module, "_module_fqn", None) or "",
+        )
         stock(skip_registering)
         return
     with _without_state_dict_handling(module) as marked:

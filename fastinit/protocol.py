@@ -323,7 +323,7 @@ def _copy_bytes_into(t: torch.Tensor, data: torch.Tensor) -> None:
     if t.is_contiguous():
         t.detach().reshape(-1).view(torch.uint8).copy_(data)
     else:
-        t.detach().copy_(data.view(t.dtype).reshape(t.shape))
+        t.detach().copy_(data.clone().view(t.dtype).reshape(t.shape))  # clone: aligned
 
 
 # -- 1. the record exchange --------------------------------------------------------------------

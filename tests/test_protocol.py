@@ -582,3 +582,24 @@ def test_one_info_line_per_setup_on_rank_0() -> None:
     assert "plan planned" in info[0][0] and "start-up collective(s)" in info[0][0], info[0]
     assert "3 start-up collective(s)" in info[0][0]
     assert all(any(line.startswith("DEBUG") for line in per_rank) for per_rank in lines)
+
+
+def test_replica_bytes_pack_and_unpack_any_layout() -> None:
+    """The tensor broadcast packs tensors of any dtype and layout into one byte buffer and back,
+    whatever the alignment of each tensor's slice."""
+    g = torch.Generator().manual_seed(1)
+    tensors = [
+        torch.randn(3, generator=g).half(),  # 6 bytes: the next slice is not 4-aligned
+        torch.randn(4, 6, generator=g).t(),  # not contiguous
+        torch.randint(0, 9, (5,), generator=g),
+        torch.rand(3, generator=g) > 0.5,
+    ]
+    flat = torch.cat([protocol._as_bytes(t) for t in tensors])
+    targets = [torch.zeros_like(t) for t in tensors[:1]] + [torch.zeros(4, 6).t()]
+    targets += [torch.zeros_like(t) for t in tensors[2:]]
+    offset = 0
+    for t in targets:
+        n = t.numel() * t.element_size()
+        protocol._copy_bytes_into(t, flat[offset : offset + n])
+        offset += n
+    assert all(torch.equal(a, b) for a, b in zip(tensors, targets, strict=True))

@@ -56,7 +56,6 @@ TORCHREC_VERSION = "1.8.0"
 #                                 the module's package stores or loads ``attr``
 #   "module:Callable(param)"      the callable (or class constructor) takes the keyword ``param``
 _SETUP: tuple[str, ...] = (
-    "torch.distributed._shard.sharded_tensor:ShardedTensor._init_from_local_shards",
     "torch.distributed._shard.sharded_tensor:"
     "ShardedTensor._init_from_local_shards_and_global_metadata",
     "torch.distributed._shard.sharded_tensor:TensorProperties",
@@ -68,6 +67,10 @@ _SETUP: tuple[str, ...] = (
     "torchrec.distributed.collective_utils:_resolve_enablement_on_leader",
     "torchrec.distributed.model_parallel:DistributedModelParallel(data_parallel_wrapper)",
     "torchrec.distributed.model_parallel:DefaultDataParallelWrapper(ddp_kwargs)",
+    "torchrec.distributed.types:ShardingEnv2D@sharding_pg",
+    "torchrec.distributed.embedding_types:EmbeddingComputeKernel",
+    "torchrec.modules.embedding_configs:data_type_to_dtype",
+    "torchrec.optim.fused:EmptyFusedOptimizer",
     "torchrec.distributed.types:ShardingEnv@device_mesh",
     "torchrec.distributed.types:ShardingEnv@output_dtensor",
     "torchrec.distributed.embedding:ShardedEmbeddingCollection._initialize_torch_state",
@@ -78,6 +81,11 @@ _SETUP: tuple[str, ...] = (
     "torchrec.distributed.embedding:ShardedEmbeddingCollection@_embedding_configs",
     "torchrec.distributed.embedding:ShardedEmbeddingCollection@_env",
     "torchrec.distributed.embedding:ShardedEmbeddingCollection@_device",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@_model_parallel_name_to_shards_wrapper",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@_model_parallel_name_to_sharded_tensor",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@_output_dtensor",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@embeddings",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@module_sharding_plan",
     "torchrec.distributed.embedding:ShardedEmbeddingCollection(use_index_dedup)",
     "torchrec.distributed.embedding:EmbeddingCollectionSharder@_use_index_dedup",
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@_embedding_shardings",
@@ -85,6 +93,9 @@ _SETUP: tuple[str, ...] = (
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@_embedding_bag_configs",
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@_env",
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@_device",
+    "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@_model_parallel_name_to_local_shards",
+    "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@embedding_bags",
+    "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection@module_sharding_plan",
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection(sharded_module_order_overwrite)",
     "torchrec.distributed.embeddingbag:EmbeddingBagCollectionSharder@_sharded_module_order_overwrite",
     "torchrec.distributed.sharding.dp_sharding:DpPooledEmbeddingSharding",

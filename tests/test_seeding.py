@@ -345,9 +345,13 @@ def _np(t: torch.Tensor) -> Any:
 
 def _seeded_ranks(world: int) -> dict[str, Any]:
     import torch.distributed as dist
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from fastinit import trace
 
     seeding.BLOCK_ELEMENTS = 1 << 11  # 128 rows per block at dim 16: shards cross blocks
     before = _class_state()
+    modes = list(_get_current_dispatch_mode_stack())  # the harness's tracer, if any
     out: dict[str, Any] = {}
     with _GlobalDrawer() as drawer:
         out["busy"] = _pieces(_build(seed=21, world=world, shift=0))
@@ -355,12 +359,15 @@ def _seeded_ranks(world: int) -> dict[str, Any]:
     if world > 1:
         dist.barrier()
         state = torch.get_rng_state()
-        out["shifted"] = _pieces(_build(seed=21, world=world, shift=2, kernel="dense"))
+        tracer = trace.active()
+        assert tracer is not None
+        with tracer.window() as counts:
+            model = _build(seed=21, world=world, shift=2, kernel="dense")
+        out["shifted"] = _pieces(model)
+        out["allgathers"] = counts["c10d_ops"].get("allgather_", 0)
         out["rng_unchanged"] = torch.equal(torch.get_rng_state(), state)
     out["classes_unchanged"] = _class_state() == before
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    out["no_mode_left"] = _get_current_dispatch_mode() is None
+    out["no_mode_left"] = list(_get_current_dispatch_mode_stack()) == modes
     return out
 
 
@@ -399,13 +406,16 @@ def _gather(per_rank: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, l
 
 def test_tables_are_plan_invariant_and_replicas_agree() -> None:
     one = run_ranks(_seeded_ranks, 1, args=(1,), timeout=300)
-    four = run_ranks(_seeded_ranks, 4, args=(4,), local_world_size=2, timeout=400)
+    four = run_ranks(_seeded_ranks, 4, args=(4,), local_world_size=2, timeout=400, trace=True)
     for results in (one, four):
         for r in results:
             assert r["classes_unchanged"], "a torch/TorchRec class was changed by setup"
             assert r["no_mode_left"]
             assert r["draws"] > 0
     assert all(r["rng_unchanged"] for r in four), "setup drew from or reseeded the global RNG"
+    # The EmbeddingCollection's ShardedTensors come from the plan: the start-up record's
+    # all_gather is the only one (stock: 2 per sharded EC table).
+    assert all(r["allgathers"] == 1 for r in four), [r["allgathers"] for r in four]
 
     reference, _ = _gather([r["busy"] for r in one])
     for name in ("busy", "shifted"):

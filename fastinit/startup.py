@@ -1,22 +1,23 @@
 """``fastinit.setup``: TorchRec's ``DistributedModelParallel``, with near-zero start-up messages.
 
-The start-up protocol (DESIGN.md, "verify cheaply, send only what differs"):
+``setup`` reads as its phases, each owned by one module:
 
-1. Every rank builds a fixed-size record — fingerprint of its planner inputs, digest of the plan it
-   holds (explicit or from the cache), digest of its dense parameters (or "on meta"), the planning
-   rank's encoded plan length, rank 0's default seed and collective-validation flag, and an error
-   slot — and the ranks exchange them in **one all_gather**. Any disagreement raises the same
-   :class:`StartupMismatchError` on every rank, naming the ranks that differ. A rank that failed
-   before the exchange (planning raised, say) still joins it with its error, so every rank raises
-   instead of hanging.
-2. Every rank already holds the same plan: no broadcast. Otherwise **one broadcast** of the
-   encoded plan (pickle-free, see :mod:`fastinit.sharding.codec`), checked against its digest.
-3. Dense parameters differ (eagerly initialised with unsynchronised RNG): **one coalesced
-   broadcast** from rank 0. Parameters on the meta device are materialised from generators seeded
-   by ``(seed, module FQN)``: identical on every rank with no message.
-4. Everything else is local: shard metadata from the plan (fast sharders), process groups from the
-   plan (:mod:`fastinit.pg`), DDP without init sync, collective validation configured from the
-   record, ``ShardingEnv`` on the existing group through ``DeviceMesh.from_group``.
+1. **prepare** (here) — local work only: the plan key (:func:`plan_key`), the plan (explicit, from
+   the plan cache, or planned on rank 0), the model's structure and this rank's seed, all packed
+   into a fixed-size record; a failure is packed too, so every rank still joins the exchange.
+2. **exchange** (:func:`fastinit.protocol.exchange`) — one ``all_gather`` of the records; any
+   failure or disagreement raises the same error on every rank.
+3. **plan** (:func:`fastinit.protocol.agree_on_plan`) — no message when every rank holds the same
+   plan, else one broadcast of the encoded plan; ranks that planned or missed fill the cache.
+4. **materialise** (:func:`fastinit.seeding.materialize_dense`) — meta dense parameters from
+   explicit generators seeded by rank 0's seed and each tensor's name.
+5. **construct** (:func:`_construct`) — TorchRec's ``DistributedModelParallel`` with fast sharders
+   (shard metadata from the plan), the plan's process groups only, DDP without its init sync.
+6. **verify** (:func:`fastinit.protocol.verify_replicas`) — one ``all_reduce`` of digests of every
+   replicated value; rank 0's values are broadcast only where they differ, with a warning.
+
+At most 3 start-up collectives (record, plan, digests), plus one broadcast only where replicated
+values differ; none for a world of one. ``docs/startup.md`` describes the protocol as built.
 """
 
 from __future__ import annotations
@@ -24,116 +25,262 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import logging
 import os
-import struct
-from collections.abc import Iterator
-from typing import Any
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastinit import compat, knobs, trace
+from fastinit import compat, knobs, protocol, trace
 from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
-from fastinit.seeding import materialize_dense
+from fastinit.protocol import Record
 from fastinit.sharding.validate import validate_plan
+
+if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
+    from torchrec.distributed.model_tracker.types import ModelTrackerConfigs
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import (
+        ModuleSharder,
+        ShardingEnv,
+        ShardingPlan,
+        ShardingPlanner,
+    )
+
+    from fastinit.sharding.cache import PlanCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["setup", "validate_plan", "StartupError", "StartupMismatchError", "PlanMismatchError"]
+__all__ = [
+    "setup",
+    "plan_key",
+    "PlanKey",
+    "validate_plan",
+    "StartupError",
+    "StartupMismatchError",
+    "PlanMismatchError",
+]
 
-_RECORD_VERSION = 1
-_ERROR_BYTES = 384
-# version, flags, fingerprint, plan digest, dense digest, plan length, seed, error length, error
-_RECORD = struct.Struct(f"<BB32s32s32sQqH{_ERROR_BYTES}s")
-_HAS_PLAN, _EXPLICIT, _DENSE_META, _FAILED, _VALIDATE, _PLANNER = (1, 2, 4, 8, 16, 32)
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanKey:
+    """What ``setup`` plans with and the plan-cache key it looks the plan up under."""
 
-@dataclasses.dataclass(slots=True)
-class _Record:
-    flags: int
+    planner: Any
+    """The planner that plans when no plan is given (the default one resolved)."""
+    sharders: list[Any]
+    """The sharders the plan is made for (fast equivalents of the given or default ones)."""
     fingerprint: bytes
-    plan_digest: bytes
-    dense_digest: bytes
-    plan_len: int
-    seed: int
-    error: str
+    """The plan-cache key: a digest of every planner input (32 bytes)."""
+    uncacheable: str | None
+    """Why the plan cache is off for these inputs (a planner input without a canonical
+    description), or None."""
 
-    def pack(self) -> bytes:
-        err = self.error.encode("utf-8", "replace")[:_ERROR_BYTES]
-        return _RECORD.pack(
-            _RECORD_VERSION,
-            self.flags,
-            self.fingerprint,
-            self.plan_digest,
-            self.dense_digest,
-            self.plan_len,
-            self.seed,
-            len(err),
-            err,
+
+def plan_key(
+    module: nn.Module,
+    *,
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
+    planner: ShardingPlanner | None = None,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> PlanKey:
+    """Resolve the default planner and sharders and compute the plan-cache key, as ``setup`` does.
+
+    Needs no process group: an offline tool can compute the key (and plan) for a world it is not
+    part of.
+
+    Args:
+        module: the unsharded model (usually on the meta device).
+        world_size: ranks in the job.
+        local_world_size: ranks per host.
+        device: the compute device of the job (its type picks the topology's device).
+        sharders: as for ``setup`` (default: TorchRec's default sharders).
+        planner: as for ``setup`` (default: fastinit's planner for this topology).
+        constraints: per-table constraints for the default planner; with ``planner`` given,
+            they replace the planner's own in the key.
+
+    Returns:
+        The :class:`PlanKey`.
+    """
+    from fastinit.sharding import _torchrec_modules as _trc
+    from fastinit.sharding import fingerprint as fp
+    from fastinit.sharding.sharders import fast_sharders
+
+    all_sharders = fast_sharders(sharders, 0)
+    if planner is None:
+        planner = _default_planner(world_size, local_world_size, device, constraints)
+    topology, planner_constraints = _trc.planner_inputs(planner)
+    if constraints is None:
+        constraints = planner_constraints
+    with trace.span("fastinit.fingerprint"):
+        fingerprint = fp.planner_fingerprint(
+            module, all_sharders, topology, constraints=constraints, planner=planner
         )
-
-    @classmethod
-    def unpack(cls, data: bytes) -> _Record:
-        version, flags, fp, pd, dd, plen, seed, elen, err = _RECORD.unpack(data)
-        if version != _RECORD_VERSION:
-            raise StartupError(f"start-up record version {version}, expected {_RECORD_VERSION}")
-        return cls(flags, fp, pd, dd, plen, seed, err[:elen].decode("utf-8", "replace"))
+    reason_of = getattr(fp, "uncacheable_reason", None)  # added with the plan-cache hardening
+    uncacheable = reason_of(planner, all_sharders, constraints) if reason_of else None
+    return PlanKey(planner, all_sharders, fingerprint, uncacheable)
 
 
-def _group_ranks(values: list[bytes]) -> str:
-    groups: dict[bytes, list[int]] = {}
-    for rank, v in enumerate(values):
-        groups.setdefault(v, []).append(rank)
-    return "; ".join(f"ranks {ranks} have {v.hex()[:12]}" for v, ranks in groups.items())
-
-
-def _sharded_paths(module: nn.Module, sharders: list[Any], plan: Any) -> list[str]:
-    types = tuple(s.module_type for s in sharders)
-    return [
-        path for path, m in module.named_modules() if isinstance(m, types) and path in plan.plan
-    ]
-
-
-def _dense_named_tensors(module: nn.Module, sharded: list[str]) -> list[tuple[str, torch.Tensor]]:
-    prefixes = tuple(f"{p}." for p in sharded if p) if "" not in sharded else ("",)
-    out = []
-    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-        if prefixes and name.startswith(prefixes):
-            continue
-        out.append((name, t))
-    return out
-
-
-def _embedding_state_names(module: nn.Module, paths: list[str]) -> set[str]:
-    """Names of every parameter and buffer under the modules at ``paths``."""
-    names: set[str] = set()
-    for path in paths:
-        sub = module.get_submodule(path)
-        prefix = f"{path}." if path else ""
-        names.update(prefix + n for n, _ in sub.named_parameters())
-        names.update(prefix + n for n, _ in sub.named_buffers())
-    return names
-
-
-def _default_planner(env_world_size: int, device: torch.device) -> Any:
-    from torchrec.distributed.comm import get_local_size
+def _default_planner(
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    constraints: dict[str, ParameterConstraints] | None = None,
+) -> ShardingPlanner:
     from torchrec.distributed.planner import Topology
 
     from fastinit.sharding.planner import FastPlanner
 
     return FastPlanner(
         topology=Topology(
-            local_world_size=get_local_size(env_world_size),
-            world_size=env_world_size,
+            local_world_size=local_world_size,
+            world_size=world_size,
             compute_device=device.type,
-        )
+        ),
+        constraints=constraints,
     )
 
 
-def _make_env(pg: Any, device: torch.device) -> Any:
-    """A ``ShardingEnv`` on ``pg`` whose device mesh comes from the group itself."""
+def setup(
+    module: nn.Module,
+    env: ShardingEnv | None = None,
+    device: torch.device | None = None,
+    plan: ShardingPlan | None = None,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
+    init_data_parallel: bool = True,
+    init_parameters: bool = True,
+    data_parallel_wrapper: DataParallelWrapper | None = None,
+    model_tracker_configs: ModelTrackerConfigs | None = None,
+    *,
+    planner: ShardingPlanner | None = None,
+    plan_cache: str | os.PathLike[str] | None = None,
+    seed: int | None = None,
+) -> DistributedModelParallel:
+    """Shard ``module`` as ``DistributedModelParallel`` would, with at most 3 start-up collectives.
+
+    The first nine parameters are those of torchrec 1.8.0's ``DistributedModelParallel``, in its
+    order, and mean the same.
+
+    Args:
+        module: the model, usually built on the meta device.
+        env: the ``ShardingEnv``; default: the world process group (a world of one is created
+            when no process group exists and the environment says ``WORLD_SIZE`` 1 or nothing).
+        device: the compute device (default CPU); ``meta`` needs an explicit ``plan``.
+        plan: an explicit ``ShardingPlan``; every rank must pass the same one.
+        sharders: the sharders (default TorchRec's); stock EBC/EC sharders are replaced by fast
+            subclasses with the same settings.
+        init_data_parallel: as for ``DistributedModelParallel``.
+        init_parameters: as for ``DistributedModelParallel``; meta parameters are materialised
+            from seeded generators.
+        data_parallel_wrapper: as for ``DistributedModelParallel``; the default wraps the dense
+            part in DDP without its init sync (the verify phase has made the replicas equal).
+        model_tracker_configs: as for ``DistributedModelParallel``.
+        planner: plans when ``plan`` is None (default: fastinit's planner for the topology of
+            ``env``). Only rank 0 plans.
+        plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``); a hit means no
+            planning at all.
+        seed: seeds every initial value fastinit makes; any Python int (outside
+            ``[0, 2**63)`` it is hashed to a 63-bit value). Default: rank 0's
+            ``torch.initial_seed()``. Every rank uses rank 0's seed; different explicit seeds are
+            reported in a warning.
+
+    Returns:
+        A ``torchrec.distributed.model_parallel.DistributedModelParallel``.
+
+    Raises:
+        PlanMismatchError: the plan (explicit or cached without a fit check) does not fit the
+            module; raised as itself on every rank.
+        StartupMismatchError: ranks disagree on the model, the planner inputs, the explicit plan
+            or ``init_parameters``; on every rank.
+        StartupError: start-up failed on some rank (planning, a dead or late peer, a corrupt
+            plan message), or ``WORLD_SIZE`` > 1 with no process group.
+        CompatibilityError: the installed TorchRec lacks what fastinit relies on.
+    """
+    compat.require("setup")
+    device = device or torch.device("cpu")
+    started = time.perf_counter()
+    with _tracer_from_env(), trace.span("fastinit.setup"):
+        env = _resolve_env(env, device)
+        channel = protocol.Channel(env.process_group, device)
+        local = _prepare(
+            module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
+        )
+        records = _exchange(channel, local)
+        plan = _agree_on_plan(channel, records, local)
+        seed_used = protocol.agreed_seed(records, channel.rank)
+        for s in local.sharders:
+            _set_seed(s, seed_used)
+        _set_collective_validation(bool(records[0].flags & protocol.VALIDATE))
+        if init_parameters:
+            from fastinit.seeding import materialize_dense
+
+            with trace.span("fastinit.materialize_dense"):
+                materialize_dense(module, _sharded_paths(module, plan), device, seed_used)
+        model = _construct(
+            module,
+            env,
+            device,
+            plan,
+            local.sharders,
+            init_parameters,
+            data_parallel_wrapper,
+            model_tracker_configs,
+        )
+        differed = protocol.verify_replicas(
+            channel,
+            protocol.replicated_tensors(model.module, plan),
+            seeds=[rec.seed for rec in records],
+            log=logger.warning,
+        )
+        if init_data_parallel:
+            model.init_data_parallel()
+    _log_summary(channel, records, local, started, differed)
+    return model
+
+
+# -- phase 0: the environment ------------------------------------------------------------------
+
+
+def _resolve_env(env: ShardingEnv | None, device: torch.device) -> ShardingEnv:
+    if env is not None:
+        if env.process_group is None and env.world_size > 1:
+            raise StartupError("fastinit.setup needs a process group when world_size > 1")
+        return env
+    return _make_env(_ensure_process_group(device), device)
+
+
+def _ensure_process_group(device: torch.device) -> dist.ProcessGroup:
+    if dist.is_initialized():
+        pg = dist.GroupMember.WORLD
+        assert pg is not None
+        return pg
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if world and world != "1":
+        raise StartupError(
+            f"fastinit.setup: WORLD_SIZE={world} in the environment (torchrun?) but no process "
+            "group: call torch.distributed.init_process_group() before fastinit.setup, as "
+            "DistributedModelParallel requires"
+        )
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    logger.debug("fastinit.setup: no process group; creating a world of one (%s)", backend)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    pg = dist.GroupMember.WORLD
+    assert pg is not None
+    return pg
+
+
+def _make_env(pg: dist.ProcessGroup, device: torch.device) -> ShardingEnv:
+    """A ``ShardingEnv`` on ``pg`` whose device mesh comes from the group itself (stock builds a
+    new mesh with ``init_device_mesh``, on the device torch uses for object collectives)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torchrec.distributed.types import ShardingEnv
 
@@ -141,10 +288,242 @@ def _make_env(pg: Any, device: torch.device) -> Any:
     env.world_size = dist.get_world_size(pg)
     env.rank = dist.get_rank(pg)
     env.process_group = pg
-    mesh_device = "cpu" if dist.get_backend(pg) == "gloo" else device.type
-    env.device_mesh = DeviceMesh.from_group(pg, mesh_device)
+    env.device_mesh = DeviceMesh.from_group(pg, protocol.comm_device(pg, device).type)
     env.output_dtensor = False
     return env
+
+
+# -- phase 1: local preparation ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Local:
+    """What this rank holds before the exchange."""
+
+    record: Record
+    structure: bytes
+    sharders: list[Any]
+    plan: ShardingPlan | None = None
+    encoded: bytes | None = None
+    fingerprint: bytes | None = None
+    cache: PlanCache | None = None
+    failure: Exception | None = None
+
+
+def _prepare(
+    module: nn.Module,
+    env: ShardingEnv,
+    device: torch.device,
+    plan: ShardingPlan | None,
+    sharders: list[ModuleSharder[nn.Module]] | None,
+    planner: ShardingPlanner | None,
+    plan_cache: str | os.PathLike[str] | None,
+    seed: int | None,
+    init_parameters: bool,
+) -> _Local:
+    """Everything this rank can do alone; never raises (a failure is packed into the record)."""
+    from fastinit.sharding.sharders import fast_sharders
+
+    record = Record()
+    structure = protocol.structure_of(module)
+    record.structure = hashlib.sha256(structure).digest()
+    record.structure_len = len(structure)
+    if init_parameters:
+        record.flags |= protocol.INIT_PARAMETERS
+    local = _Local(record=record, structure=structure, sharders=[])
+    try:
+        if _collective_validation_on_leader():
+            record.flags |= protocol.VALIDATE
+        if seed is not None:
+            record.seed = protocol.normalize_seed(seed)
+            record.flags |= protocol.SEED_GIVEN
+        else:
+            record.seed = protocol.normalize_seed(torch.initial_seed())
+        if plan is not None and device.type == "meta":
+            # An explicit plan needs no planner; a topology on "meta" does not exist.
+            local.sharders = fast_sharders(sharders, record.seed)
+            record.fingerprint = hashlib.sha256(b"fastinit: explicit plan on meta").digest()
+        else:
+            key = _plan_key(module, env, device, sharders, planner)
+            local.sharders, local.fingerprint = key.sharders, key.fingerprint
+            record.fingerprint = key.fingerprint
+            if plan is None:
+                plan = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
+        if plan is not None:
+            if record.flags & (protocol.PLANNED | protocol.FROM_CACHE) == 0:
+                record.flags |= protocol.EXPLICIT
+            _validate(module, plan, local.sharders, env.world_size)
+            local.encoded = _encode(plan)
+            local.plan = plan
+            record.plan_digest = hashlib.sha256(local.encoded).digest()
+            record.plan_len = len(local.encoded)
+            record.flags |= protocol.HAS_PLAN
+    except Exception as e:  # joins the exchange with its error: nobody hangs
+        record.fail(e)
+        local.failure = e
+    return local
+
+
+def _plan_key(
+    module: nn.Module,
+    env: ShardingEnv,
+    device: torch.device,
+    sharders: list[ModuleSharder[nn.Module]] | None,
+    planner: ShardingPlanner | None,
+) -> PlanKey:
+    from torchrec.distributed.comm import get_local_size
+
+    return plan_key(
+        module,
+        world_size=env.world_size,
+        local_world_size=get_local_size(env.world_size),
+        device=device,
+        sharders=sharders,
+        planner=planner,
+    )
+
+
+def _plan_from_cache_or_planner(
+    module: nn.Module,
+    env: ShardingEnv,
+    key: PlanKey,
+    plan_cache: str | os.PathLike[str] | None,
+    local: _Local,
+) -> ShardingPlan | None:
+    """The cached plan, else rank 0's planner's; None on the other ranks on a miss."""
+    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, resolve_cache_dir
+
+    cache_dir = resolve_cache_dir(plan_cache)
+    if cache_dir is not None and key.uncacheable is not None:
+        warnings.warn(
+            f"fastinit plan cache: off for this call: {key.uncacheable}",
+            FastinitCacheWarning,
+            stacklevel=4,
+        )
+    elif cache_dir is not None:
+        local.cache = PlanCache(cache_dir)
+        with trace.span("fastinit.plan_cache.get"):
+            cached = _cache_get(local.cache, key.fingerprint, module, local.sharders, env)
+        if cached is not None:
+            local.record.flags |= protocol.FROM_CACHE
+            return cached
+    if env.rank != 0:
+        return None
+    with trace.span("fastinit.plan"):
+        plan = key.planner.plan(module, local.sharders)
+    local.record.flags |= protocol.PLANNED
+    return plan
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _cache_get(
+    cache: PlanCache, key: bytes, module: nn.Module, sharders: list[Any], env: ShardingEnv
+) -> ShardingPlan | None:
+    """A cached plan that fits this module and world (an entry that does not is a miss)."""
+    get: Any = cache.get  # ``accept`` arrives with the plan-cache hardening
+    if _accepts(get, "accept"):
+
+        def accept(p: ShardingPlan) -> None:
+            _validate(module, p, sharders, env.world_size)
+
+        return get(key, accept=accept)
+    return get(key)
+
+
+def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_size: int) -> None:
+    validate: Any = validate_plan  # ``world_size`` arrives with the complete validate_plan
+    if _accepts(validate, "world_size"):
+        validate(module, plan, sharders, world_size=world_size)
+    else:
+        validate(module, plan, sharders)
+
+
+def _encode(plan: ShardingPlan) -> bytes:
+    from fastinit.sharding.codec import encode_plan
+
+    return encode_plan(plan)
+
+
+# -- phases 2 and 3: the exchange and the plan --------------------------------------------------
+
+
+def _exchange(channel: protocol.Channel, local: _Local) -> list[Record]:
+    try:
+        return protocol.exchange(channel, local.record, local.structure)
+    except StartupError as e:
+        if local.failure is not None and e.__cause__ is None:
+            e.__cause__ = local.failure
+        raise
+
+
+def _agree_on_plan(channel: protocol.Channel, records: list[Record], local: _Local) -> ShardingPlan:
+    received = protocol.agree_on_plan(channel, records, local.encoded)
+    plan = received if received is not None else local.plan
+    assert plan is not None
+    # Ranks whose lookup missed fill the cache: the planner, and one rank per host.
+    flags = local.record.flags
+    local_leader = os.environ.get("LOCAL_RANK", "0") == "0"
+    if (
+        local.cache is not None
+        and local.fingerprint is not None
+        and (flags & protocol.PLANNED or (not flags & protocol.HAS_PLAN and local_leader))
+    ):
+        with trace.span("fastinit.plan_cache.put"):
+            local.cache.put(local.fingerprint, plan)
+    return plan
+
+
+# -- phase 5: construction ---------------------------------------------------------------------
+
+
+def _construct(
+    module: nn.Module,
+    env: ShardingEnv,
+    device: torch.device,
+    plan: ShardingPlan,
+    sharders: list[Any],
+    init_parameters: bool,
+    data_parallel_wrapper: DataParallelWrapper | None,
+    model_tracker_configs: ModelTrackerConfigs | None,
+) -> DistributedModelParallel:
+    """TorchRec's DMP on the agreed plan: the plan's process groups only, DDP without init sync
+    (``init_data_parallel`` is left to the caller, after the verify phase)."""
+    from torchrec.distributed.model_parallel import (
+        DefaultDataParallelWrapper,
+        DistributedModelParallel,
+    )
+
+    from fastinit import pg as fastinit_pg
+
+    pg = env.process_group
+    if pg is not None:
+        with trace.span("fastinit.process_groups"):
+            fastinit_pg.prepare_for_plan(plan, pg=pg)
+    wrapper: Any = data_parallel_wrapper
+    if wrapper is None:
+        wrapper = (
+            _NoDataParallel()
+            if pg is None
+            else DefaultDataParallelWrapper(ddp_kwargs={"init_sync": False})
+        )
+    with trace.span("fastinit.dmp"):
+        return DistributedModelParallel(
+            module,
+            env=env,
+            device=device,
+            plan=plan,
+            sharders=sharders,
+            init_data_parallel=False,
+            init_parameters=init_parameters,
+            data_parallel_wrapper=wrapper,
+            model_tracker_configs=model_tracker_configs,
+        )
 
 
 class _NoDataParallel:
@@ -154,195 +533,74 @@ class _NoDataParallel:
         return None
 
 
-def _ensure_process_group(device: torch.device) -> Any:
-    if dist.is_initialized():
-        return dist.GroupMember.WORLD
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    logger.info("fastinit.setup: no process group; creating a world of one (%s)", backend)
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return dist.GroupMember.WORLD
+def _sharded_paths(module: nn.Module, plan: ShardingPlan) -> list[str]:
+    modules = dict(module.named_modules())
+    return [path for path in plan.plan if path in modules]
 
 
-def setup(
-    module: nn.Module,
-    env: Any = None,
-    device: torch.device | None = None,
-    plan: Any = None,
-    sharders: list[Any] | None = None,
-    init_data_parallel: bool = True,
-    init_parameters: bool = True,
-    data_parallel_wrapper: Any = None,
-    *,
-    planner: Any = None,
-    plan_cache: str | os.PathLike[str] | None = None,
-    seed: int | None = None,
-) -> Any:
-    """Shard ``module`` as ``DistributedModelParallel`` would, with at most 2 start-up collectives.
+# -- helpers -----------------------------------------------------------------------------------
 
-    Args:
-        module: the model, usually built on the meta device.
-        env: the ``ShardingEnv``; default: the world process group (a world of one is created
-            when no process group exists).
-        device: the compute device (default CPU).
-        plan: an explicit ``ShardingPlan``; every rank must pass the same one.
-        sharders: the sharders (default TorchRec's); stock EBC/EC sharders are replaced by fast
-            subclasses with the same settings.
-        init_data_parallel: as for ``DistributedModelParallel``.
-        init_parameters: as for ``DistributedModelParallel``; meta parameters are materialised
-            from seeded generators.
-        data_parallel_wrapper: as for ``DistributedModelParallel``; the default wraps the dense
-            part in DDP without its init sync once the dense parameters are known to agree.
-        planner: plans when ``plan`` is None (default: fastinit's planner for the topology of
-            ``env``). Only one rank plans.
-        plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``); a hit means no
-            planning at all.
-        seed: seeds the materialisation of meta parameters per module FQN; default: rank 0's
-            ``torch.initial_seed()``, shared through the start-up record.
 
-    Returns:
-        A ``torchrec.distributed.model_parallel.DistributedModelParallel``.
-
-    Raises:
-        StartupMismatchError: ranks disagree on planner inputs or on an explicit plan.
-        StartupError: start-up failed on some rank (planning, a dead peer, a corrupt plan).
-    """
-    from torchrec.distributed.model_parallel import (
-        DefaultDataParallelWrapper,
-        DistributedModelParallel,
-    )
-
+def _collective_validation_on_leader() -> bool:
     from fastinit.sharding import _torchrec_modules as _trc
-    from fastinit.sharding.cache import PlanCache, resolve_cache_dir
-    from fastinit.sharding.codec import encode_plan
-    from fastinit.sharding.fingerprint import dense_digest as dense_digest_of
-    from fastinit.sharding.fingerprint import planner_fingerprint
-    from fastinit.sharding.sharders import fast_sharders
 
-    compat.require("setup")
-    device = device or torch.device("cpu")
-    with _tracer_from_env(), trace.span("fastinit.setup"):
-        pg = env.process_group if env is not None else _ensure_process_group(device)
-        if env is None:
-            env = _make_env(pg, device)
-        world_size, rank = env.world_size, env.rank
-        if pg is None and world_size > 1:
-            raise StartupError("fastinit.setup needs a process group when world_size > 1")
-        local_seed = int(seed) if seed is not None else int(torch.initial_seed()) & ((1 << 63) - 1)
-        all_sharders = fast_sharders(sharders, local_seed)
-        flags = _VALIDATE if _trc.collective_validation_on_leader() else 0
-        error = ""
-        fingerprint = b"\0" * 32
-        digest = b"\0" * 32
-        encoded: bytes | None = None
-        cache = None
-        try:
-            planner = planner or _default_planner(world_size, device)
-            topology, constraints = _trc.planner_inputs(planner)
-            with trace.span("fastinit.fingerprint"):
-                fingerprint = planner_fingerprint(
-                    module, all_sharders, topology, constraints=constraints, planner=planner
-                )
-            if plan is None:
-                cache_dir = resolve_cache_dir(plan_cache)
-                if cache_dir is not None:
-                    cache = PlanCache(cache_dir)
-                    with trace.span("fastinit.plan_cache.get"):
-                        cached = cache.get(fingerprint)
-                    if cached is not None:
-                        plan = cached
-                if plan is None and rank == 0:
-                    with trace.span("fastinit.plan"):
-                        plan = planner.plan(module, all_sharders)
-                    flags |= _PLANNER
-            else:
-                flags |= _EXPLICIT
-            if plan is not None:
-                validate_plan(module, plan, all_sharders)
-                encoded = encode_plan(plan)
-                digest = hashlib.sha256(encoded).digest()  # = codec.plan_digest(plan)
-                flags |= _HAS_PLAN
-        except Exception as e:  # joins the exchange with its error: nobody hangs
-            error = f"{type(e).__name__}: {e}"
-            flags |= _FAILED
-            failure: Exception | None = e
-        else:
-            failure = None
+    return _trc.collective_validation_on_leader()
 
-        # Every rank leaves out the same subtrees (all embedding modules, planned or not), so
-        # the digests compare like with like whether or not a rank holds the plan yet.
-        types = tuple(s.module_type for s in all_sharders)
-        embedding_paths = [p for p, m in module.named_modules() if isinstance(m, types)]
-        dense_digest = dense_digest_of(module, _embedding_state_names(module, embedding_paths))
-        if dense_digest is None:
-            flags |= _DENSE_META
-        mine = _Record(
-            flags=flags,
-            fingerprint=fingerprint,
-            plan_digest=digest,
-            dense_digest=dense_digest or b"\0" * 32,
-            plan_len=len(encoded) if encoded is not None else 0,
-            seed=local_seed,
-            error=error,
+
+def _set_collective_validation(enabled: bool) -> None:
+    """Collective validation as rank 0 resolved it, so DMP's own call sends nothing."""
+    from fastinit.sharding import _torchrec_modules as _trc
+
+    _trc.set_collective_validation(enabled)
+
+
+def _set_seed(sharder: Any, seed: int) -> None:
+    if hasattr(sharder, "seed"):
+        sharder.seed = seed
+    for attr in ("_ebc_sharder", "_e_sharder", "_ec_sharder"):
+        inner = getattr(sharder, attr, None)
+        if inner is not None and hasattr(inner, "seed"):
+            inner.seed = seed
+
+
+def _plan_source(record: Record) -> str:
+    if record.flags & protocol.EXPLICIT:
+        return "explicit"
+    if record.flags & protocol.FROM_CACHE:
+        return "cache"
+    if record.flags & protocol.PLANNED:
+        return "planned"
+    return "received"
+
+
+def _log_summary(
+    channel: protocol.Channel,
+    records: list[Record],
+    local: _Local,
+    started: float,
+    differed: list[str],
+) -> None:
+    """One INFO line on rank 0; the details at DEBUG on every rank."""
+    seconds = time.perf_counter() - started
+    if channel.rank == 0:
+        logger.info(
+            "fastinit.setup: %.2fs, world %d, plan %s, %d start-up collective(s), %d bytes sent%s",
+            seconds,
+            channel.world_size,
+            _plan_source(local.record),
+            channel.collectives,
+            channel.bytes,
+            f", {len(differed)} replicated tensor(s) set from rank 0" if differed else "",
         )
-        records = _exchange(mine, pg, world_size)
-        _check(records, rank, failure)
-
-        # Every rank agrees: take the plan, broadcasting it only if someone lacks it.
-        leader = records[0]
-        seed_used = int(seed) if seed is not None else leader.seed
-        if seed_used != local_seed:
-            for s in all_sharders:
-                _set_seed(s, seed_used)
-        holders = [r for r, rec in enumerate(records) if rec.flags & _HAS_PLAN]
-        src = holders[0]
-        if len(holders) < world_size or len({records[r].plan_digest for r in holders}) > 1:
-            plan = _broadcast_plan(encoded, records[src], src, rank, pg)
-        # Ranks whose lookup missed fill the cache: the planner, and one rank per host.
-        local_leader = os.environ.get("LOCAL_RANK", "0") == "0"
-        if cache is not None and (flags & _PLANNER or (not flags & _HAS_PLAN and local_leader)):
-            with trace.span("fastinit.plan_cache.put"):
-                cache.put(fingerprint, plan)
-
-        # Collective validation: what rank 0 would have broadcast.
-        _trc.set_collective_validation(bool(leader.flags & _VALIDATE))
-
-        sharded = _sharded_paths(module, all_sharders, plan)
-        dense_meta = [bool(rec.flags & _DENSE_META) for rec in records]
-        dense_differs = not all(dense_meta) and (
-            any(dense_meta) or len({rec.dense_digest for rec in records}) > 1
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "fastinit.setup rank %d: ops %s on %s; plan sources %s; seed %d",
+            channel.rank,
+            channel.ops,
+            channel.device,
+            [_plan_source(r) for r in records],
+            records[0].seed,
         )
-        if init_parameters:
-            with trace.span("fastinit.materialize_dense"):
-                materialize_dense(module, sharded, device, seed_used)
-
-        from fastinit import pg as fastinit_pg
-
-        if pg is not None:
-            with trace.span("fastinit.process_groups"):
-                fastinit_pg.prepare_for_plan(plan, pg=pg)
-
-        if data_parallel_wrapper is None:
-            if pg is None:
-                data_parallel_wrapper = _NoDataParallel()
-            else:
-                data_parallel_wrapper = DefaultDataParallelWrapper(ddp_kwargs={"init_sync": False})
-        with trace.span("fastinit.dmp"):
-            model = DistributedModelParallel(
-                module,
-                env=env,
-                device=device,
-                plan=plan,
-                sharders=all_sharders,
-                init_data_parallel=False,
-                init_parameters=init_parameters,
-                data_parallel_wrapper=data_parallel_wrapper,
-            )
-        if dense_differs and world_size > 1:
-            with trace.span("fastinit.dense_broadcast"):
-                _broadcast_dense(model, sharded, pg)
-        if init_data_parallel:
-            model.init_data_parallel()
-    return model
 
 
 @contextlib.contextmanager
@@ -359,85 +617,3 @@ def _tracer_from_env() -> Iterator[None]:
         yield
     finally:
         tracer.stop()
-
-
-def _set_seed(sharder: Any, seed: int) -> None:
-    if hasattr(sharder, "seed"):
-        sharder.seed = seed
-    for attr in ("_ebc_sharder", "_e_sharder", "_ec_sharder"):
-        inner = getattr(sharder, attr, None)
-        if inner is not None and hasattr(inner, "seed"):
-            inner.seed = seed
-
-
-def _wait(work: Any, what: str, rank: int) -> None:
-    from datetime import timedelta
-
-    try:
-        work.wait(timedelta(seconds=knobs.get_collective_timeout()))
-    except Exception as e:
-        raise StartupError(
-            f"fastinit.setup on rank {rank}: the {what} failed — a peer died, hung or has not "
-            f"called fastinit.setup (FASTINIT_COLLECTIVE_TIMEOUT="
-            f"{knobs.get_collective_timeout():.0f}s): {e}"
-        ) from e
-
-
-def _exchange(mine: _Record, pg: Any, world_size: int) -> list[_Record]:
-    if world_size == 1:
-        return [mine]
-    data = torch.frombuffer(bytearray(mine.pack()), dtype=torch.uint8)
-    out = [torch.empty_like(data) for _ in range(world_size)]
-    work = dist.all_gather(out, data, group=pg, async_op=True)
-    _wait(work, "start-up record all_gather", dist.get_rank())
-    return [_Record.unpack(bytes(t.numpy())) for t in out]
-
-
-def _check(records: list[_Record], rank: int, failure: Exception | None) -> None:
-    failed = [(r, rec.error) for r, rec in enumerate(records) if rec.flags & _FAILED]
-    if failed:
-        lines = "; ".join(f"rank {r}: {err}" for r, err in failed)
-        raise StartupError(f"fastinit.setup failed on {len(failed)} rank(s): {lines}") from failure
-    explicit = [bool(rec.flags & _EXPLICIT) for rec in records]
-    if any(explicit) and not all(explicit):
-        ranks = [r for r, e in enumerate(explicit) if e]
-        raise StartupMismatchError(
-            f"an explicit plan was passed on ranks {ranks} only; pass it on every rank or none"
-        )
-    if all(explicit):
-        digests = [rec.plan_digest for rec in records]
-        if len(set(digests)) > 1:
-            raise StartupMismatchError(
-                "ranks were given different explicit plans: " + _group_ranks(digests)
-            )
-    fps = [rec.fingerprint for rec in records]
-    if len(set(fps)) > 1:
-        raise StartupMismatchError(
-            "planner inputs differ across ranks (module tables, sharders, topology, constraints "
-            "or planner settings): " + _group_ranks(fps) + ". Every rank must build the same model."
-        )
-    if not any(rec.flags & _HAS_PLAN for rec in records):
-        raise StartupError("no rank holds a plan after planning (internal error)")
-
-
-def _broadcast_plan(encoded: bytes | None, source: _Record, src: int, rank: int, pg: Any) -> Any:
-    from fastinit.sharding.codec import decode_plan
-
-    if rank == src:
-        assert encoded is not None
-        buf = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    else:
-        buf = torch.empty(source.plan_len, dtype=torch.uint8)
-    work = dist.broadcast(buf, src=dist.get_global_rank(pg, src), group=pg, async_op=True)
-    _wait(work, "plan broadcast", rank)
-    data = bytes(buf.numpy())
-    if hashlib.sha256(data).digest() != source.plan_digest:
-        raise StartupError(f"rank {rank}: the plan received from rank {src} fails its digest check")
-    return decode_plan(data)
-
-
-@torch.no_grad()
-def _broadcast_dense(model: Any, sharded: list[str], pg: Any) -> None:
-    tensors = [t for _, t in _dense_named_tensors(model.module, sharded) if t.numel()]
-    if tensors:
-        dist._broadcast_coalesced(pg, tensors, 250 * 1024 * 1024, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -290,3 +291,125 @@ def test_dense_digest_is_fast() -> None:
     start = time.perf_counter()
     assert dense_digest(model, set()) is not None
     assert time.perf_counter() - start < 1.0
+
+
+# -- inputs without a canonical description disable the plan cache ---------------------------------
+
+
+def _keep(options: Any) -> Any:
+    return options
+
+
+def _also_keep(options: Any) -> Any:
+    return options
+
+
+class _Keeps:
+    def __init__(self, factor: int) -> None:
+        self._factor = factor
+
+    def __call__(self, options: Any) -> Any:
+        return options
+
+
+class _Hides:
+    def __init__(self, factor: int) -> None:
+        self.scale = factor  # not kept under its argument's name
+
+    def __call__(self, options: Any) -> Any:
+        return options
+
+
+def _planner(**kwargs: Any) -> EmbeddingShardingPlanner:
+    return EmbeddingShardingPlanner(topology=_topology(), **kwargs)
+
+
+def test_two_lambdas_share_a_fingerprint_so_they_are_uncacheable() -> None:
+    from fastinit.sharding.fingerprint import uncacheable_reason
+
+    model = build_model(SPEC, device="meta")
+    a = _planner(callbacks=[lambda options: options])
+    b = _planner(callbacks=[lambda options: options[:1]])
+    fp = [_fp(model=model, planner=p) for p in (a, b)]
+    assert fp[0] == fp[1]  # the fingerprint cannot tell them apart (still fine for agreement)
+    for p in (a, b):
+        reason = uncacheable_reason(p, _sharders(), None)
+        assert reason is not None and "lambda" in reason and "callbacks" in reason, reason
+
+
+def test_uncacheable_inputs_are_named() -> None:
+    from fastinit.sharding.fingerprint import uncacheable_reason
+
+    factor = 3
+
+    def local(options: Any) -> Any:
+        return options[:factor]
+
+    class Local:
+        def __call__(self, options: Any) -> Any:
+            return options
+
+    cases = {
+        "local function or closure": _planner(callbacks=[local]),
+        "defined inside a function": _planner(callbacks=[Local()]),
+        "bound to a _Keeps instance": _planner(callbacks=[_Keeps(1).__call__]),
+        "does not keep its constructor argument(s) ['factor']": _planner(callbacks=[_Hides(2)]),
+        "[0].func is a lambda": _planner(callbacks=[functools.partial(lambda o, k: o, k=1)]),
+    }
+    for words, planner in cases.items():
+        reason = uncacheable_reason(planner, _sharders(), None)
+        assert reason is not None and words in reason, (words, reason)
+        assert "'callbacks'" in reason, reason
+    fused = uncacheable_reason(None, _sharders(hook=lambda: None), None)
+    assert fused is not None and "fused_params" in fused and "lambda" in fused
+    constraint = ParameterConstraints(sharding_types=["table_wise"])
+    constraint.bounds_check_mode = lambda: None  # type: ignore[assignment]
+    reason = uncacheable_reason(None, _sharders(), {"t0": constraint})
+    assert reason is not None and "constraints['t0']" in reason
+
+
+def test_describable_inputs_keep_the_cache() -> None:
+    from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+    from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+    from torchrec.distributed.planner.storage_reservations import (
+        HeuristicalStorageReservation,
+    )
+
+    from fastinit.sharding.fingerprint import uncacheable_reason
+    from fastinit.sharding.planner import FastPlanner
+
+    for planner in (
+        None,
+        _planner(),
+        FastPlanner(topology=_topology()),
+        _planner(callbacks=[_keep, _also_keep, _Keeps(2), functools.partial(_keep)]),
+        _planner(
+            batch_size=64,
+            storage_reservation=HeuristicalStorageReservation(percentage=0.2),
+            proposer=[GreedyProposer(), UniformProposer()],
+            partitioner=GreedyPerfPartitioner(),
+        ),
+    ):
+        constraints = {"t0": ParameterConstraints(sharding_types=["table_wise"])}
+        assert uncacheable_reason(planner, _sharders(), constraints) is None, planner
+    assert uncacheable_reason(None, _sharders(learning_rate=0.1), None) is None
+    # Module-level callables are told apart by the fingerprint, so they may share a cache.
+    assert _fp(planner=_planner(callbacks=[_keep])) != _fp(planner=_planner(callbacks=[_also_keep]))
+    assert _fp(planner=_planner(callbacks=[_Keeps(1)])) != _fp(
+        planner=_planner(callbacks=[_Keeps(2)])
+    )
+
+
+def test_a_planner_with_arguments_the_key_does_not_cover() -> None:
+    from fastinit.sharding.fingerprint import uncacheable_reason
+
+    class_body = {
+        "__init__": lambda self, topology, temperature=1.0: EmbeddingShardingPlanner.__init__(
+            self, topology=topology
+        ),
+        "__module__": __name__,
+        "__qualname__": "TunedPlanner",
+    }
+    tuned = type("TunedPlanner", (EmbeddingShardingPlanner,), class_body)(_topology())
+    reason = uncacheable_reason(tuned, _sharders(), None)
+    assert reason is not None and "['temperature']" in reason

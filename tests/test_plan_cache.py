@@ -19,7 +19,13 @@ from torchrec.distributed.types import (  # noqa: E402
 )
 
 from fastinit import knobs  # noqa: E402
-from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, resolve_cache_dir  # noqa: E402
+from fastinit.errors import PlanMismatchError  # noqa: E402
+from fastinit.sharding.cache import (  # noqa: E402
+    FastinitCacheWarning,
+    PlanCache,
+    plan_bytes_bound,
+    resolve_cache_dir,
+)
 from fastinit.sharding.codec import encode_plan  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
@@ -197,3 +203,147 @@ def test_resolve_cache_dir(tmp_path: Path) -> None:
         assert resolve_cache_dir(None) == str(tmp_path / "env")
     with knobs.override(FASTINIT_PLAN_CACHE=None):
         assert resolve_cache_dir(None) is None
+
+
+# -- a cached plan is a hint: special files, size bounds, plans that do not fit --------------------
+
+
+def _rss_growth_mb(fn: Any) -> float:
+    """Peak resident memory added while ``fn`` runs, in MiB (Linux: ru_maxrss in KiB)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+@pytest.mark.timeout(60)
+def test_fifo_at_an_entry_is_a_miss_not_a_hang_and_is_replaced(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    os.mkfifo(cache.path(KEY))
+    with pytest.warns(FastinitCacheWarning, match="not a regular file") as record:
+        assert cache.get(KEY) is None  # before: open() waits for a writer forever
+    assert len(record) == 1
+    assert cache.put(KEY, _small_plan(0))  # before: put's read-back hung the same way
+    assert Path(cache.path(KEY)).is_file()
+    assert encode_plan(_get_quietly(cache, KEY)) == encode_plan(_small_plan(0))
+
+
+@pytest.mark.timeout(60)
+def test_symlink_to_dev_zero_is_a_miss_and_is_replaced(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    os.symlink("/dev/zero", cache.path(KEY))
+    with pytest.warns(FastinitCacheWarning, match="symbolic link") as record:
+        assert cache.get(KEY) is None  # before: read() of /dev/zero without end
+    assert len(record) == 1
+    assert cache.put(KEY, _small_plan(1))
+    assert not os.path.islink(cache.path(KEY))
+    assert encode_plan(_get_quietly(cache, KEY)) == encode_plan(_small_plan(1))
+
+
+def test_symlink_to_a_valid_entry_is_not_followed(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path / "c")
+    assert cache.put(KEY, _small_plan(0))
+    elsewhere = tmp_path / "elsewhere.fiplan"
+    os.replace(cache.path(KEY), elsewhere)
+    os.symlink(elsewhere, cache.path(KEY))
+    with pytest.warns(FastinitCacheWarning, match="symbolic link"):
+        assert cache.get(KEY) is None
+    assert cache.put(KEY, _small_plan(2))
+    assert not os.path.islink(cache.path(KEY))
+    assert encode_plan(_get_quietly(cache, KEY)) == encode_plan(_small_plan(2))
+    assert elsewhere.read_bytes()  # the link's target is left alone
+
+
+@pytest.mark.timeout(120)
+def test_huge_sparse_file_is_rejected_before_it_is_read(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    with open(cache.path(KEY), "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB, sparse: no disk used
+
+    def check() -> None:
+        with pytest.warns(FastinitCacheWarning, match="more than the bound"):
+            assert cache.get(KEY) is None
+        with pytest.warns(FastinitCacheWarning, match="more than the bound"):
+            assert cache.get(KEY, max_bytes=plan_bytes_bound(16, 4)) is None
+
+    grown = _rss_growth_mb(check)
+    assert grown < 64, (
+        f"reading a 1 GiB entry grew the process by {grown:.0f} MiB"
+    )  # before: 1-2 GiB
+    assert cache.put(KEY, _small_plan(0))
+    assert os.path.getsize(cache.path(KEY)) < 4096
+
+
+def test_an_entry_over_the_callers_bound_is_a_miss(tmp_path: Path, plan: ShardingPlan) -> None:
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, plan)
+    size = os.path.getsize(cache.path(KEY))
+    assert _get_quietly_bounded(cache, KEY, size) is not None  # exactly the bound: read
+    with pytest.warns(FastinitCacheWarning, match=f"{size} bytes, more than the bound of 100"):
+        assert cache.get(KEY, max_bytes=100) is None
+
+
+def _get_quietly_bounded(cache: PlanCache, key: bytes, max_bytes: int) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return cache.get(key, max_bytes=max_bytes)
+
+
+def test_plan_bytes_bound_is_generous_for_real_plans(plan: ShardingPlan) -> None:
+    # The 16-table model of the `plan` fixture, every sharding type, 4 ranks.
+    assert len(encode_plan(plan)) * 20 < plan_bytes_bound(16, 4)
+    big = build_model(ModelSpec(num_tables=64, num_ec_tables=0), device="meta")
+    rw = build_plan(big, ["row_wise"], world_size=64, local_world_size=8)
+    assert len(encode_plan(rw)) * 5 < plan_bytes_bound(64, 64)
+    assert plan_bytes_bound(16, 4) < plan_bytes_bound(17, 4) < plan_bytes_bound(17, 5)
+    assert plan_bytes_bound(16, 4) < 8 << 20  # a 1 GiB file is far outside it
+
+
+def test_a_plan_that_does_not_fit_is_a_miss_and_is_replaced(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    foreign = _small_plan(5)  # a valid entry under this key, naming rank 5
+    assert cache.put(KEY, foreign)
+    calls: list[ShardingPlan] = []
+
+    def fits_world_of_two(p: ShardingPlan) -> None:
+        calls.append(p)
+        ranks = [r for mp in p.plan.values() for ps in mp.values() for r in ps.ranks or []]
+        if any(r >= 2 for r in ranks):
+            raise PlanMismatchError(f"rank {max(ranks)} is outside the world of 2")
+
+    with pytest.warns(FastinitCacheWarning, match="does not fit.*rank 5 is outside") as record:
+        assert cache.get(KEY, accept=fits_world_of_two) is None  # before: every rank raised
+    assert len(record) == 1 and len(calls) == 1
+    assert cache.put(KEY, _small_plan(1))  # re-planned: the entry is replaced
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = cache.get(KEY, accept=fits_world_of_two)
+    assert again is not None and encode_plan(again) == encode_plan(_small_plan(1))
+
+
+def test_accept_errors_other_than_a_mismatch_propagate(tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, _small_plan(0))
+
+    def broken(p: ShardingPlan) -> None:
+        raise RuntimeError("a bug in the caller")
+
+    with pytest.raises(RuntimeError, match="a bug in the caller"):
+        cache.get(KEY, accept=broken)
+
+
+def test_a_foreign_models_plan_is_rejected_by_validate_plan(tmp_path: Path) -> None:
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from fastinit.sharding.validate import count_tables, validate_plan
+
+    ours = build_model(ModelSpec(num_tables=3, num_ec_tables=0), device="meta")
+    theirs = build_model(ModelSpec(num_tables=5, num_ec_tables=0), device="meta")
+    sharders = get_default_sharders()
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, build_plan(theirs, ["table_wise"], world_size=2))
+    bound = plan_bytes_bound(count_tables(ours, sharders), 2)
+    with pytest.warns(FastinitCacheWarning, match="does not fit") as record:
+        got = cache.get(KEY, accept=lambda p: validate_plan(ours, p, sharders, 2), max_bytes=bound)
+    assert got is None and len(record) == 1

@@ -11,10 +11,20 @@ whole entry or none, however many processes write the same key at once. A corrup
 foreign entry is ignored with a :class:`FastinitCacheWarning` and replaced by the next ``put``.
 The cache never deletes a file and only ever replaces files named like its own entries.
 
+A cached plan is a hint, never an authority: ``get(key, accept=check)`` hands the decoded plan to
+``check`` (e.g. :func:`fastinit.sharding.validate.validate_plan` for this module and world), and a
+plan it rejects with :class:`~fastinit.errors.PlanMismatchError` is a miss with one warning, so the
+caller plans again and its ``put`` replaces the entry. Only a regular file is ever read (opened
+non-blocking and without following a final symlink, then checked with ``fstat``), and never more
+than ``max_bytes`` of it (see :func:`plan_bytes_bound`): a FIFO, a device, a symlink or a file
+larger than the bound is a miss with a warning, never a hang and never a large allocation.
+
 Example::
 
     cache = PlanCache(resolve_cache_dir(plan_cache))
-    plan = cache.get(key)
+    bound = plan_bytes_bound(num_tables, world_size)
+    plan = cache.get(key, accept=lambda p: validate_plan(module, p, sharders, world_size),
+                     max_bytes=bound)
     if plan is None:
         plan = planner.plan(module, sharders)
         cache.put(key, plan)
@@ -23,17 +33,28 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import struct
 import tempfile
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from fastinit.errors import PlanMismatchError
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
-__all__ = ["FastinitCacheWarning", "PlanCache", "resolve_cache_dir"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "FastinitCacheWarning",
+    "PlanCache",
+    "plan_bytes_bound",
+    "resolve_cache_dir",
+]
 
 _MAGIC = b"FIPCACHE"
 _VERSION = 1
@@ -41,6 +62,37 @@ _SUFFIX = ".fiplan"
 _PREFIX = struct.Struct(">HH")  # format version, key length
 _PAYLOAD = struct.Struct(">32sQ")  # sha256 of the payload, payload length
 _MAX_KEY_BYTES = 64
+
+#: The read bound of ``PlanCache.get`` when the caller gives none (256 MiB).
+DEFAULT_MAX_BYTES = 256 << 20
+
+# plan_bytes_bound's allowances. Measured with codec version 1 (fastinit.testing.models plans,
+# 2-32 ranks, every sharding type): about 600 bytes per table plus about 140 bytes per shard of a
+# row-wise table. The allowances are ~25x and ~7x those, for long names and fused parameters.
+_BOUND_BASE = 1 << 20
+_BOUND_PER_TABLE = 16 << 10
+_BOUND_PER_SHARD = 1 << 10
+
+
+def plan_bytes_bound(num_tables: int, world_size: int) -> int:
+    """A generous upper bound on the size of a plan-cache entry for a model and world.
+
+    ``1 MiB + num_tables * (16 KiB + world_size * 1 KiB)``: a plan holds at most one shard per
+    rank per table (row-wise), and an encoded plan takes about 600 bytes per table and 140 per
+    shard, so real entries stay far below it while a junk file of another size class (a 1 GiB
+    file for a 10-table model) is rejected by its size, before anything is read.
+
+    Args:
+        num_tables: tables of every shardable module (see
+            :func:`fastinit.sharding.validate.count_tables`).
+        world_size: ranks in the job.
+
+    Returns:
+        The bound in bytes, to pass as ``PlanCache.get(..., max_bytes=...)``.
+    """
+    tables = max(int(num_tables), 1)
+    ranks = max(int(world_size), 1)
+    return _BOUND_BASE + tables * (_BOUND_PER_TABLE + ranks * _BOUND_PER_SHARD)
 
 
 class FastinitCacheWarning(UserWarning):
@@ -112,44 +164,52 @@ class PlanCache:
             raise ValueError(f"a plan-cache key is 1 to {_MAX_KEY_BYTES} bytes, got {key!r:.80}")
         return os.path.join(self.directory, key.hex() + _SUFFIX)
 
-    def _read(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):  # nothing stored there
-            return None
-        except OSError as e:
-            warnings.warn(
-                f"fastinit plan cache: cannot read {path} ({e}); planning instead",
-                FastinitCacheWarning,
-                stacklevel=3,
-            )
-            return None
-
-    def get(self, key: bytes) -> ShardingPlan | None:
-        """The plan stored for ``key``, or None (missing, or ignored with a warning).
+    def get(
+        self,
+        key: bytes,
+        *,
+        accept: Callable[[ShardingPlan], object] | None = None,
+        max_bytes: int | None = None,
+    ) -> ShardingPlan | None:
+        """The plan stored for ``key``, or None (missing, or ignored with one warning).
 
         Args:
             key: the planner fingerprint (see ``fastinit.sharding.fingerprint``).
+            accept: called with the decoded plan; a :class:`~fastinit.errors.PlanMismatchError`
+                from it makes the entry a miss (one warning; the next ``put`` replaces it).
+                Any other exception propagates.
+            max_bytes: read at most this many bytes (default :data:`DEFAULT_MAX_BYTES`); a
+                larger entry is a miss with a warning. See :func:`plan_bytes_bound`.
 
         Returns:
-            The decoded plan, or None when there is no usable entry.
+            The decoded, accepted plan, or None when there is no usable entry.
         """
         from fastinit.sharding.codec import PlanDecodeError, decode_plan
 
         path = self.path(key)
-        data = self._read(path)
+        bound = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+        try:
+            data = _read_regular_file(path, bound)
+        except _Unusable as e:
+            _warn(f"ignoring {path}: {e}; planning instead, and it will be replaced")
+            return None
         if data is None:
             return None
         try:
-            return decode_plan(_parse_entry(data, key))
+            plan = decode_plan(_parse_entry(data, key))
         except (ValueError, PlanDecodeError) as e:
-            warnings.warn(
-                f"fastinit plan cache: ignoring {path}: {e}; it will be replaced",
-                FastinitCacheWarning,
-                stacklevel=2,
-            )
+            _warn(f"ignoring {path}: {e}; it will be replaced")
             return None
+        if accept is not None:
+            try:
+                accept(plan)
+            except PlanMismatchError as e:
+                _warn(
+                    f"ignoring {path}: its plan does not fit this module and world ({e}); "
+                    "planning instead, and it will be replaced"
+                )
+                return None
+        return plan
 
     def put(self, key: bytes, plan: ShardingPlan) -> bool:
         """Stores ``plan`` under ``key``, atomically; never raises on I/O errors.
@@ -166,8 +226,9 @@ class PlanCache:
 
         path = self.path(key)
         entry = _entry_bytes(key, encode_plan(plan))
-        if self._read_quietly(path) == entry:
-            return True
+        with contextlib.suppress(_Unusable):
+            if _read_regular_file(path, len(entry)) == entry:
+                return True
         tmp: str | None = None
         try:
             os.makedirs(self.directory, exist_ok=True)
@@ -194,9 +255,58 @@ class PlanCache:
                     os.unlink(tmp)
         return True
 
-    def _read_quietly(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError:
-            return None
+
+class _Unusable(Exception):
+    """The entry's path holds something the cache does not read (said in the message)."""
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"fastinit plan cache: {message}", FastinitCacheWarning, stacklevel=3)
+
+
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)  # a FIFO opens at once instead of waiting for a writer
+    | getattr(os, "O_NOFOLLOW", 0)  # a symlink (to /dev/zero, say) is refused, not followed
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _read_regular_file(path: str, max_bytes: int) -> bytes | None:
+    """The bytes of the regular file at ``path``; None when nothing is there.
+
+    Raises:
+        _Unusable: the path is a symlink, FIFO, device, socket or directory, is larger than
+            ``max_bytes``, or cannot be read.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):  # nothing stored there
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Unusable("it is a symbolic link, not a regular file") from e
+        if e.errno == errno.EISDIR:
+            raise _Unusable("it is a directory, not a regular file") from e
+        raise _Unusable(f"cannot open it ({e})") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unusable(f"it is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_size > max_bytes:
+            raise _Unusable(f"it is {st.st_size} bytes, more than the bound of {max_bytes}")
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one byte more tells a file that grew past the bound
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise _Unusable(f"it grew past the bound of {max_bytes} bytes while being read")
+        return b"".join(chunks)
+    except OSError as e:
+        raise _Unusable(f"cannot read it ({e})") from e
+    finally:
+        os.close(fd)

@@ -38,6 +38,7 @@ __all__ = [
     "FINGERPRINT_VERSION",
     "planner_fingerprint",
     "planner_inputs",
+    "uncacheable_reason",
     "dense_digest",
     "sharded_parameter_names",
 ]
@@ -322,6 +323,204 @@ def planner_fingerprint(
     """
     doc = planner_inputs(module, sharders, topology, constraints=constraints, planner=planner)
     return hashlib.sha256(_dumps(doc).encode("utf-8")).digest()
+
+
+# Constructor arguments of TorchRec's planners that never decide the plan (logging only), and the
+# topology, which the fingerprint takes separately; every other argument of a planner's class
+# must be one of the settings read by ``planner_settings``.
+_PLANNER_UNUSED_ARGUMENTS = frozenset({"topology", "stats", "debug"})
+_PLANNER_ARGUMENTS = {
+    "batch_size": "batch_size",
+    "enumerator": "enumerator",
+    "storage_reservation": "storage_reservation",
+    "proposer": "proposers",
+    "partitioner": "partitioner",
+    "performance_model": "performance_model",
+    "constraints": "constraints",
+    "callbacks": "callbacks",
+    "timeout_seconds": "timeout_seconds",
+    "plan_loader": "plan_loader",
+}
+
+
+def uncacheable_reason(
+    planner: ShardingPlanner | None,
+    sharders: Sequence[ModuleSharder[Any]],
+    constraints: Mapping[str, ParameterConstraints] | None,
+) -> str | None:
+    """Why the plan-cache key of these planner inputs would not be unique, or None if it is.
+
+    The fingerprint describes a callable by its module and qualified name and an object by its
+    class and the constructor arguments it keeps (see :func:`planner_fingerprint`). That is a
+    faithful description only for module-level functions and classes whose state is their kept
+    constructor arguments. Anything else would give two different inputs the same key, so a plan
+    cached for one would be served for the other; such a call must not use the plan cache (the
+    fingerprint itself stays usable for the cross-rank agreement check: every rank runs the same
+    code). Reported, with where it was found:
+
+    * a lambda, a local function or closure (``<locals>`` in its qualified name), a function
+      without a module, a method bound to an instance;
+    * an instance of a class defined inside a function;
+    * an object whose class takes a constructor argument it does not keep under that name
+      (``_<name>``, ``<name>`` or ``_<name>s``), or that has no ``__dict__`` to read it from;
+    * a planner whose class takes a constructor argument TorchRec's planner does not have;
+    * a value nested too deep to describe.
+
+    Args:
+        planner: the planner (None: TorchRec's default, always describable).
+        sharders: the sharders.
+        constraints: the per-table constraints (default: the planner's).
+
+    Returns:
+        A sentence naming the first indescribable input, or None.
+    """
+    if planner is not None:
+        problem = _planner_problem(planner)
+        if problem is not None:
+            return problem
+    if constraints is not None:
+        for name, c in sorted(constraints.items()):
+            problem = _describe_problem(c, f"constraints[{name!r}]", 0)
+            if problem is not None:
+                return problem
+    for i, sharder in enumerate(sharders):
+        where = f"sharders[{i}] ({_qualname(sharder)})"
+        if "<locals>" in type(sharder).__qualname__:
+            return f"{where} is an instance of a class defined inside a function"
+        for attr in ("fused_params", "qcomm_codecs_registry"):
+            problem = _describe_problem(getattr(sharder, attr, None), f"{where}.{attr}", 0)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _planner_problem(planner: ShardingPlanner) -> str | None:
+    from fastinit.sharding._torchrec import planner_settings
+
+    where = f"the planner ({_qualname(planner)})"
+    if "<locals>" in type(planner).__qualname__:
+        return f"{where} is an instance of a class defined inside a function"
+    try:
+        params = inspect.signature(type(planner).__init__).parameters
+    except (TypeError, ValueError):
+        return f"{where} has a constructor whose arguments cannot be read"
+    unknown = [
+        n
+        for n, p in params.items()
+        if n != "self"
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and n not in _PLANNER_UNUSED_ARGUMENTS
+        and n not in _PLANNER_ARGUMENTS
+    ]
+    if unknown:
+        return (
+            f"{where} takes constructor argument(s) {unknown} that the plan-cache key does not "
+            "cover"
+        )
+    settings = planner_settings(planner)
+    for name, value in sorted(settings.items()):
+        problem = _describe_problem(value, f"{where} setting {name!r}", 0)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _describe_problem(value: Any, where: str, depth: int) -> str | None:
+    """Why ``_canon(value)`` would not describe ``value`` uniquely, or None (mirrors ``_canon``)."""
+    import torch
+
+    if value is None or isinstance(value, bool | str | int | float | enum.Enum):
+        return None
+    if isinstance(value, torch.dtype | torch.device | torch.Size | torch.Tensor):
+        return None
+    if isinstance(value, type):
+        if "<locals>" in value.__qualname__:
+            return f"{where} is the class {value.__qualname__}, defined inside a function"
+        return None
+    if depth > _MAX_DEPTH:
+        return f"{where} is nested more than {_MAX_DEPTH} levels deep"
+    deeper = depth + 1
+    if "<locals>" in type(value).__qualname__:
+        return f"{where} is an instance of {type(value).__qualname__}, defined inside a function"
+    if dataclasses.is_dataclass(value):
+        return _first(
+            _describe_problem(getattr(value, f.name), f"{where}.{f.name}", deeper)
+            for f in dataclasses.fields(value)
+        )
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return _first(
+            _describe_problem(getattr(value, f), f"{where}.{f}", deeper) for f in value._fields
+        )
+    if isinstance(value, list | tuple):
+        return _first(_describe_problem(v, f"{where}[{i}]", deeper) for i, v in enumerate(value))
+    if isinstance(value, Mapping):
+        return _first(
+            _describe_problem(k, f"{where} key", deeper)
+            or _describe_problem(v, f"{where}[{k!r}]", deeper)
+            for k, v in value.items()
+        )
+    if isinstance(value, set | frozenset):
+        return _first(_describe_problem(v, f"{where} item", deeper) for v in value)
+    if isinstance(value, functools.partial):
+        return (
+            _describe_problem(value.func, f"{where}.func", deeper)
+            or _describe_problem(value.args, f"{where}.args", deeper)
+            or _describe_problem(value.keywords, f"{where}.keywords", deeper)
+        )
+    if inspect.isroutine(value):
+        return _routine_problem(value, where)
+    if _is_topology(value):
+        return None
+    return _object_problem(value, where, deeper)
+
+
+def _first(problems: Iterable[str | None]) -> str | None:
+    return next((p for p in problems if p is not None), None)
+
+
+def _routine_problem(fn: Any, where: str) -> str | None:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or "?"
+    if "<lambda>" in name:
+        return f"{where} is a lambda ({getattr(fn, '__module__', None)}.{name})"
+    if "<locals>" in name:
+        return f"{where} is a local function or closure ({getattr(fn, '__module__', None)}.{name})"
+    if getattr(fn, "__module__", None) is None and not inspect.isbuiltin(fn):
+        return f"{where} is a function without a module ({name})"
+    bound_to = getattr(fn, "__self__", None)
+    if bound_to is not None and not isinstance(bound_to, type) and not inspect.ismodule(bound_to):
+        return f"{where} is the method {name} bound to a {type(bound_to).__qualname__} instance"
+    return None
+
+
+# Planner components from these packages were read for 1.8.0: an argument they do not keep under
+# its name is kept derived (EmbeddingEnumerator's topology as _world_size, _compute_device, ...,
+# which the fingerprint covers through the topology) or does not decide the plan.
+_AUDITED_MODULES = ("torchrec.", "fastinit.")
+
+
+def _object_problem(value: Any, where: str, depth: int) -> str | None:
+    from fastinit.sharding._torchrec import constructor_settings
+
+    cls = type(value)
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return f"{where} is a {cls.__qualname__} whose constructor arguments cannot be read"
+    wanted = [
+        n
+        for n, p in params.items()
+        if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if wanted and not isinstance(getattr(value, "__dict__", None), dict):
+        return f"{where} is a {cls.__qualname__} without a __dict__ to read its settings from"
+    settings = constructor_settings(value)
+    missing = [n for n in wanted if n not in settings]
+    if missing and not cls.__module__.startswith(_AUDITED_MODULES):
+        return (
+            f"{where} is a {_qualname(value)} that does not keep its constructor argument(s) "
+            f"{missing} under their names"
+        )
+    return _first(_describe_problem(v, f"{where}.{k}", depth) for k, v in sorted(settings.items()))
 
 
 def sharded_parameter_names(

@@ -121,84 +121,12 @@ def _call_with(factory: Callable[..., Any], available: dict[str, Any]) -> Any:
     return factory(**{k: v for k, v in available.items() if k in params})
 
 
-# -- the key, as setup computes it --------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Key:
-    """Stand-in for ``fastinit.startup.PlanKey`` where that is not there yet."""
-
-    planner: Any
-    sharders: list[Any]
-    fingerprint: bytes
-    uncacheable: str | None = None
-
-
-def compute_plan_key(
-    module: nn.Module,
-    *,
-    world_size: int,
-    local_world_size: int,
-    device: torch.device,
-    sharders: list[ModuleSharder[nn.Module]] | None = None,
-    planner: ShardingPlanner | None = None,
-) -> Any:
-    """The plan-cache key ``fastinit.setup`` computes for these inputs (``startup.plan_key``)."""
-    try:
-        from fastinit.startup import plan_key  # type: ignore[attr-defined]
-    except ImportError:  # an older fastinit.startup: the same computation, spelled out
-        return _plan_key_here(
-            module,
-            world_size=world_size,
-            local_world_size=local_world_size,
-            device=device,
-            sharders=sharders,
-            planner=planner,
-        )
-    return plan_key(
-        module,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        device=device,
-        sharders=sharders,
-        planner=planner,
-    )
-
-
-def _plan_key_here(
-    module: nn.Module,
-    *,
-    world_size: int,
-    local_world_size: int,
-    device: torch.device,
-    sharders: list[Any] | None,
-    planner: Any,
-) -> _Key:
-    from fastinit.sharding import _torchrec_modules as _trc
-    from fastinit.sharding.fingerprint import planner_fingerprint
-    from fastinit.sharding.sharders import fast_sharders
-
-    all_sharders = fast_sharders(sharders, 0)  # the seed is not a planner input
-    planner = planner or _default_planner(world_size, local_world_size, device.type)
-    topology, constraints = _trc.planner_inputs(planner)
-    fingerprint = planner_fingerprint(
-        module, all_sharders, topology, constraints=constraints, planner=planner
-    )
-    return _Key(planner=planner, sharders=all_sharders, fingerprint=fingerprint)
-
-
 def _topology(world_size: int, local_world_size: int, compute_device: str) -> Any:
     from torchrec.distributed.planner import Topology
 
     return Topology(
         world_size=world_size, local_world_size=local_world_size, compute_device=compute_device
     )
-
-
-def _default_planner(world_size: int, local_world_size: int, compute_device: str) -> Any:
-    from fastinit.sharding.planner import FastPlanner
-
-    return FastPlanner(topology=_topology(world_size, local_world_size, compute_device))
 
 
 # -- summary ------------------------------------------------------------------------------------
@@ -351,14 +279,16 @@ def plan_ahead(
     from fastinit.sharding.codec import encode_plan
     from fastinit.sharding.provenance import record_inputs
     from fastinit.sharding.validate import validate_plan
+    from fastinit.startup import plan_key
 
-    compat.require("plan")
+    compat.require("planner")
+    compat.require("sharders")
     if world_size < 1 or local_world_size < 1 or world_size % local_world_size:
         raise CliError(
             f"--world-size ({world_size}) must be a positive multiple of --local-world-size "
             f"({local_world_size})"
         )
-    key = compute_plan_key(
+    key = plan_key(
         module,
         world_size=world_size,
         local_world_size=local_world_size,
@@ -366,13 +296,13 @@ def plan_ahead(
         sharders=sharders,
         planner=planner,
     )
-    if getattr(key, "uncacheable", None):
+    if key.uncacheable is not None:
         raise CliError(f"this job's plan cannot be cached: {key.uncacheable}")
     cache = PlanCache(cache_dir)
     t0 = time.perf_counter()
     plan = key.planner.plan(module, list(key.sharders))
     seconds = time.perf_counter() - t0
-    validate_plan(module, plan, list(key.sharders))
+    validate_plan(module, plan, list(key.sharders), world_size=world_size)
     existing = cache.get(key.fingerprint)
     status = "written"
     if existing is not None:

@@ -58,10 +58,11 @@ def _job(model_ref: str, cache_dir: str) -> dict[str, Any]:
     import torch
 
     import fastinit
-    from fastinit.cli import compute_plan_key, load_factory
+    from fastinit.cli import load_factory
+    from fastinit.startup import plan_key
 
     model = load_factory(model_ref)()
-    key = compute_plan_key(model, world_size=2, local_world_size=2, device=torch.device("cpu"))
+    key = plan_key(model, world_size=2, local_world_size=2, device=torch.device("cpu"))
     dmp = fastinit.setup(model, plan_cache=cache_dir, seed=3)
     plan = {path: sorted(mp) for path, mp in dmp.plan.plan.items()}
     return {"key": key.fingerprint.hex(), "plan": plan}
@@ -98,8 +99,9 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
     for rank in (0, 1):
         events = trace.read_jsonl(str(traces / f"trace-rank{rank}.jsonl"))
         counts = trace.summarize(events)
-        # A hit on every rank: the start-up record's all_gather is the only collective.
-        assert counts["c10d_ops"] == {"allgather_": 1}, counts["c10d_ops"]
+        # A hit on every rank: no plan message. What is left is the start-up record's all_gather
+        # and the replicated-value digest check, as with an explicit plan (tests/test_setup.py).
+        assert counts["c10d_ops"] == {"allgather_": 1, "allreduce_": 1}, counts["c10d_ops"]
         assert counts["barriers"] == 0 and counts["new_groups"] == 0
         assert "fastinit.setup" in counts["spans_s"]
         assert "fastinit.plan" not in counts["spans_s"], "a rank planned at start-up"
@@ -123,9 +125,10 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
 def test_a_different_job_misses_and_says_which_input(tmp_path: pathlib.Path) -> None:
     import torch
 
-    from fastinit.cli import CliError, compute_plan_key, load_factory, plan_ahead
+    from fastinit.cli import CliError, load_factory, plan_ahead
     from fastinit.sharding.cache import PlanCache
     from fastinit.sharding.provenance import explain_miss
+    from fastinit.startup import plan_key
     from fastinit.testing.models import build_plan
 
     (tmp_path / "my_model.py").write_text(MODEL_PY)
@@ -133,13 +136,13 @@ def test_a_different_job_misses_and_says_which_input(tmp_path: pathlib.Path) -> 
     cache = tmp_path / "plans"
     cpu = torch.device("cpu")
     assert "none from `fastinit plan`" in explain_miss(
-        cache, build(), compute_plan_key(build(), world_size=2, local_world_size=2, device=cpu)
+        cache, build(), plan_key(build(), world_size=2, local_world_size=2, device=cpu)
     )
     summary = plan_ahead(build(), cache, world_size=2, local_world_size=2, device=cpu)
     planned = summary.key
 
     def miss(model: torch.nn.Module, world_size: int = 2, local: int = 2) -> str:
-        key = compute_plan_key(model, world_size=world_size, local_world_size=local, device=cpu)
+        key = plan_key(model, world_size=world_size, local_world_size=local, device=cpu)
         assert key.fingerprint.hex() != planned
         assert PlanCache(cache).get(key.fingerprint) is None
         return explain_miss(cache, model, key)
@@ -157,7 +160,7 @@ def test_a_different_job_misses_and_says_which_input(tmp_path: pathlib.Path) -> 
     assert "table sparse.ebc.t0: planned" in line and "meta" in line and "cpu #" in line
 
     # An entry of the same key holding another plan is not overwritten without --force.
-    key = compute_plan_key(build(), world_size=2, local_world_size=2, device=cpu)
+    key = plan_key(build(), world_size=2, local_world_size=2, device=cpu)
     other = build_plan(build(), "row_wise", world_size=2)
     assert PlanCache(cache).put(key.fingerprint, other)
     with pytest.raises(CliError, match="different plan"):

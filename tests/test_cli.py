@@ -122,12 +122,14 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
     assert report.load(str(traces))[1].rank == 1
 
 
-def test_a_different_job_misses_and_says_which_input(tmp_path: pathlib.Path) -> None:
+def test_a_different_job_misses_and_says_which_input(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import torch
 
     from fastinit.cli import CliError, load_factory, plan_ahead
     from fastinit.sharding.cache import PlanCache
-    from fastinit.sharding.provenance import explain_miss
+    from fastinit.sharding.provenance import explain_miss, log_miss
     from fastinit.startup import plan_key
     from fastinit.testing.models import build_plan
 
@@ -147,10 +149,16 @@ def test_a_different_job_misses_and_says_which_input(tmp_path: pathlib.Path) -> 
         assert PlanCache(cache).get(key.fingerprint) is None
         return explain_miss(cache, model, key)
 
+    with caplog.at_level(logging.INFO, logger="fastinit"):
+        key4 = plan_key(build(), world_size=4, local_world_size=2, device=cpu)
+        log_miss(cache, build(), key4)
+    ours = [r for r in caplog.records if r.name.startswith("fastinit")]
+    assert [r.levelno for r in ours] == [logging.WARNING]
     line = miss(build(), world_size=4)
+    assert ours[0].getMessage() == line
     assert f"nearest entry {planned[:12]}" in line and "fastinit plan" in line
     assert "topology.world_size: planned 2, now 4" in line
-    assert "topology.other" not in line
+    assert "topology.other" not in line and "planner.settings" not in line
     assert "topology.local_world_size: planned 2, now 1" in miss(build(), world_size=2, local=1)
     assert "table sparse.ebc.t8: not planned for, now 101x16 float32 meta" in miss(
         build(num_tables=9)

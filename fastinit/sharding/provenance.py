@@ -30,11 +30,14 @@ import contextlib
 import datetime
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -50,6 +53,7 @@ __all__ = [
     "read_inputs",
     "diff_inputs",
     "explain_miss",
+    "log_miss",
 ]
 
 #: The file beside a cache entry that describes what it was planned for.
@@ -98,6 +102,17 @@ def _document(
         constraints=constraints if constraints is not None else planner_constraints,
         planner=key.planner,
     )
+
+
+def _replace(value: Any, target: Any, by: str) -> Any:
+    """``value`` with every sub-document equal to ``target`` replaced by ``by``."""
+    if value == target:
+        return by
+    if isinstance(value, dict):
+        return {k: _replace(v, target, by) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace(v, target, by) for v in value]
+    return value
 
 
 def _table_value(entry: Sequence[Any] | None, config: Any) -> str:
@@ -155,7 +170,9 @@ def input_parts(
     parts["constraints"] = _digest(doc["constraints"])
     planner = dict(doc["planner"])
     parts["planner.class"] = planner.pop("class", None) or planner.get("default")
-    parts["planner.settings"] = _digest(planner)
+    # The topology has parts of its own: its copies inside the planner's settings (the planner's,
+    # its estimators', its performance model's) are left out here.
+    parts["planner.settings"] = _digest(_replace(planner, doc["topology"], "<topology>"))
     for module_doc in doc["modules"]:
         parts.update(_module_parts(module_doc))
     fingerprint = hashlib.sha256(_dumps(doc).encode("utf-8")).digest()
@@ -312,3 +329,19 @@ def explain_miss(
         + "; ".join(diffs[:limit])
         + more
     )
+
+
+def log_miss(
+    cache_dir: str | os.PathLike[str],
+    module: nn.Module,
+    key: KeyLike,
+    *,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    log: logging.Logger | None = None,
+) -> str:
+    """Log :func:`explain_miss`'s line: WARNING when the directory holds plans made ahead with
+    ``fastinit plan`` (someone expected a hit), INFO otherwise (a cold cache). Returns the line."""
+    message = explain_miss(cache_dir, module, key, constraints=constraints)
+    planned_ahead = "(fastinit plan," in message
+    (log or logger).log(logging.WARNING if planned_ahead else logging.INFO, "%s", message)
+    return message

@@ -177,6 +177,57 @@ def test_a_different_job_misses_and_says_which_input(
     assert again.status == "replaced" and again.key == planned
 
 
+PLANNER_PY = textwrap.dedent(
+    """
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    def planner(topology, world_size):
+        assert topology.world_size == world_size
+        return EmbeddingShardingPlanner(topology=topology, batch_size=world_size * 64)
+
+    def sharders(**shape):
+        return [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.5})]
+    """
+)
+
+
+def test_plan_with_the_jobs_planner_sharders_and_factory_args(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from fastinit.cli import load_factory, main
+    from fastinit.startup import plan_key
+
+    (tmp_path / "my_model.py").write_text(MODEL_PY)
+    (tmp_path / "my_planner.py").write_text(PLANNER_PY)
+    model_ref, planner_py = f"{tmp_path / 'my_model.py'}:build", tmp_path / "my_planner.py"
+    argv = ["plan", model_ref, "--arg", "num_tables=3", "-n", "4", "--nproc-per-node", "2",
+            "--planner", f"{planner_py}:planner", "--sharders", f"{planner_py}:sharders",
+            "--cache", str(tmp_path / "plans"), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["planner"].endswith("EmbeddingShardingPlanner")
+    assert summary["world_size"] == 4 and summary["local_world_size"] == 2
+    assert len(summary["rank_bytes"]) == 4
+    # What the job computes with the same planner and sharders: the same key.
+    topology = Topology(world_size=4, local_world_size=2, compute_device="cpu")
+    key = plan_key(
+        load_factory(model_ref)(num_tables=3),
+        world_size=4,
+        local_world_size=2,
+        device=torch.device("cpu"),
+        sharders=load_factory(f"{planner_py}:sharders")(),
+        planner=EmbeddingShardingPlanner(topology=topology, batch_size=256),
+    )
+    assert key.fingerprint.hex() == summary["key"]
+    # A different factory argument is a different model, hence another key.
+    assert main([*argv[:3], "num_tables=4", *argv[4:]]) == 0
+    assert json.loads(capsys.readouterr().out)["key"] != summary["key"]
+
+
 def test_command_errors_are_one_line_and_root_logging_is_left_alone(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,7 +20,7 @@ CACHE ?= cold
 NPROC ?= 2
 BENCH_ARGS ?=
 
-.PHONY: test bench ttfb projection baseline micro lint env clean
+.PHONY: test bench ttfb projection baseline micro lint env clean gpu-check
 
 $(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,21 @@ baseline: $(STAMP)
 
 micro: $(STAMP)
 	$(PY) -m pytest benchmarks/micro --benchmark-only
+
+# TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
+# fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree at the installed
+# version (git archive v1.8.0-rc1 of TorchRec's repository); nothing is fetched. Output in peer-out/.
+TORCHREC_SRC ?= $(FASTINIT_TORCHREC_SRC)
+PEER_ARGS ?=
+.PHONY: peer
+peer: $(STAMP)
+	$(PY) -m tools.peer --torchrec-src "$(TORCHREC_SRC)" $(PEER_ARGS)
+
+# fastinit's CUDA path on one GPU (NCCL, fbgemm CUDA kernels, one training step): installs the
+# CUDA builds first (CUDA=1), then scripts/gpu_check.sh; under 8 minutes once installed.
+gpu-check:
+	$(MAKE) env CUDA=1
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

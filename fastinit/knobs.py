@@ -16,6 +16,7 @@ __all__ = [
     "get_trace_dir",
     "get_compile_cache",
     "get_collective_timeout",
+    "get_torchrec_src",
     "override",
 ]
 
@@ -27,6 +28,8 @@ KNOBS: dict[str, str] = {
     "FASTINIT_COMPILE_CACHE": "Directory of the compiled-artifact cache used by `fastinit.warmup`.",
     "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
     "rank raises (default 300).",
+    "FASTINIT_TORCHREC_SRC": "A TorchRec source tree at the installed version: `make peer` runs its "
+    "model-parallel tests with `fastinit.setup` swapped in, and so does a slow test.",
 }
 
 
@@ -48,6 +51,11 @@ def get_trace_dir() -> str | None:
 def get_compile_cache() -> str | None:
     """Directory of the compiled-artifact cache, or None."""
     return _get("FASTINIT_COMPILE_CACHE")
+
+
+def get_torchrec_src() -> str | None:
+    """A TorchRec source tree for the peer suite, or None."""
+    return _get("FASTINIT_TORCHREC_SRC")
 
 
 def get_collective_timeout() -> float:

@@ -45,6 +45,7 @@ __all__ = [
     "check_records",
     "comm_device",
     "exchange",
+    "explicit_seeds",
     "normalize_seed",
     "replicated_tensors",
     "structure_of",
@@ -56,7 +57,7 @@ RECORD_VERSION = 2
 _CLASS_BYTES = 32
 _ERROR_BYTES = 384
 #: version, flags, planner fingerprint, structure digest, plan digest, plan length,
-#: structure length, seed, error class, error length, error text: 540 bytes.
+#: structure length, seed, error class, error length, error text: 541 bytes.
 _RECORD = struct.Struct(f"<BH32s32s32sQQQ{_CLASS_BYTES}sH{_ERROR_BYTES}s")
 
 HAS_PLAN = 1 << 0  # holds a plan (explicit, cached or planned here)
@@ -182,8 +183,10 @@ def comm_device(pg: dist.ProcessGroup | None, device: torch.device | None = None
     """
     if pg is None:
         return torch.device("cpu")
-    types = {d.type for d in pg._device_types}
-    if not types or "cpu" in types:
+    types = {d.type for d in getattr(pg, "_device_types", ())}
+    if not types:  # no per-device backends reported: go by the backend's name
+        types = {"cuda"} if dist.get_backend(pg) == "nccl" else {"cpu"}
+    if "cpu" in types:
         return torch.device("cpu")
     kind = "cuda" if "cuda" in types else sorted(types)[0]
     if device is not None and device.type == kind and device.index is not None:
@@ -199,8 +202,9 @@ def comm_device(pg: dist.ProcessGroup | None, device: torch.device | None = None
 class Channel:
     """Start-up collectives on ``pg``, on its device, each waited on for at most the timeout.
 
-    Counts what it sends (``collectives``, ``bytes``). With ``pg`` None (a world of one) it sends
-    nothing and every method returns this rank's own data.
+    Counts what it sends (``collectives``, ``bytes``). With ``pg`` None it sends nothing and
+    every method returns this rank's own data: ``setup`` passes None for a world of one. A group
+    of one rank still runs real collectives (``make gpu-check`` exercises NCCL that way).
 
     Args:
         pg: the process group (None: a world of one).
@@ -245,7 +249,7 @@ class Channel:
 
     def all_gather_bytes(self, data: bytes, size: int, what: str) -> list[bytes]:
         """Every rank's ``data`` (each padded to ``size`` bytes)."""
-        if self.pg is None or self.world_size == 1:
+        if self.pg is None:
             return [data]
         padded = data + b"\0" * (size - len(data))
         with self._on_device():
@@ -258,7 +262,7 @@ class Channel:
 
     def broadcast_bytes(self, data: bytes | None, size: int, src: int, what: str) -> bytes:
         """``data`` of group rank ``src`` (``size`` bytes) on every rank."""
-        if self.pg is None or self.world_size == 1:
+        if self.pg is None:
             assert data is not None
             return data
         with self._on_device():
@@ -276,7 +280,7 @@ class Channel:
 
     def all_reduce_max(self, values: torch.Tensor, what: str) -> torch.Tensor:
         """The element-wise maximum of ``values`` (int64) over the ranks, on the CPU."""
-        if self.pg is None or self.world_size == 1:
+        if self.pg is None:
             return values.cpu()
         with self._on_device():
             buf = values.to(self.device)
@@ -288,7 +292,7 @@ class Channel:
     @torch.no_grad()
     def broadcast_tensors(self, tensors: Sequence[torch.Tensor], src: int, what: str) -> None:
         """Group rank ``src``'s values of ``tensors`` into every rank's, in one broadcast."""
-        if self.pg is None or self.world_size == 1 or not tensors:
+        if self.pg is None or not tensors:
             return
         sizes = [t.numel() * t.element_size() for t in tensors]
         with self._on_device():
@@ -429,6 +433,13 @@ def _first_difference(lists: Sequence[bytes]) -> str:
             sides = "; ".join(f"{desc} on ranks {ranks}" for desc, ranks in seen.items())
             return f"{name!r}: {sides}"
     return ""
+
+
+def explicit_seeds(records: Sequence[Record]) -> list[int]:
+    """Every rank's seed, by rank, when any rank passed ``seed=``; else empty."""
+    if any(rec.flags & SEED_GIVEN for rec in records):
+        return [rec.seed for rec in records]
+    return []
 
 
 def agreed_seed(records: Sequence[Record], rank: int) -> int:
@@ -589,7 +600,7 @@ def verify_replicas(
     Returns:
         The names of the tensors that differed and were broadcast.
     """
-    if channel.world_size == 1 or not named:
+    if channel.pg is None or not named:
         return []
     with trace.span("fastinit.verify_replicas", tensors=len(named)):
         digests = tensor_digests([t for _, t in named])
@@ -614,7 +625,7 @@ def verify_replicas(
         f"to rank 0's values: {shown}"
     )
     if len(set(seeds)) > 1:
-        message += f" (the ranks' seeds differ: {list(seeds)})"
+        message += f" (the ranks passed different seeds, by rank: {list(seeds)})"
     warnings.warn(message, ReplicaMismatchWarning, stacklevel=3)
     if log is not None:
         log(message)

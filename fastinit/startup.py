@@ -25,12 +25,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import inspect
 import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,8 +124,7 @@ def plan_key(
         fingerprint = fp.planner_fingerprint(
             module, all_sharders, topology, constraints=constraints, planner=planner
         )
-    reason_of = getattr(fp, "uncacheable_reason", None)  # added with the plan-cache hardening
-    uncacheable = reason_of(planner, all_sharders, constraints) if reason_of else None
+    uncacheable = fp.uncacheable_reason(planner, all_sharders, constraints)
     return PlanKey(planner, all_sharders, fingerprint, uncacheable)
 
 
@@ -210,7 +208,7 @@ def setup(
     started = time.perf_counter()
     with _tracer_from_env(), trace.span("fastinit.setup"):
         env = _resolve_env(env, device)
-        channel = protocol.Channel(env.process_group, device)
+        channel = protocol.Channel(env.process_group if env.world_size > 1 else None, device)
         local = _prepare(
             module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
         )
@@ -238,7 +236,7 @@ def setup(
         differed = protocol.verify_replicas(
             channel,
             protocol.replicated_tensors(model.module, plan),
-            seeds=[rec.seed for rec in records],
+            seeds=protocol.explicit_seeds(records),
             log=logger.warning,
         )
         if init_data_parallel:
@@ -339,19 +337,16 @@ def _prepare(
             record.flags |= protocol.SEED_GIVEN
         else:
             record.seed = protocol.normalize_seed(torch.initial_seed())
-        if plan is not None and device.type == "meta":
-            # An explicit plan needs no planner; a topology on "meta" does not exist.
+        if plan is not None:  # as DMP: no planner is built when a plan is given
+            record.flags |= protocol.EXPLICIT
             local.sharders = fast_sharders(sharders, record.seed)
-            record.fingerprint = hashlib.sha256(b"fastinit: explicit plan on meta").digest()
+            record.fingerprint = _explicit_plan_fingerprint(module, env, device, local.sharders)
         else:
             key = _plan_key(module, env, device, sharders, planner)
             local.sharders, local.fingerprint = key.sharders, key.fingerprint
             record.fingerprint = key.fingerprint
-            if plan is None:
-                plan = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
+            plan = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
         if plan is not None:
-            if record.flags & (protocol.PLANNED | protocol.FROM_CACHE) == 0:
-                record.flags |= protocol.EXPLICIT
             _validate(module, plan, local.sharders, env.world_size)
             local.encoded = _encode(plan)
             local.plan = plan
@@ -362,6 +357,28 @@ def _prepare(
         record.fail(e)
         local.failure = e
     return local
+
+
+def _explicit_plan_fingerprint(
+    module: nn.Module, env: ShardingEnv, device: torch.device, sharders: list[Any]
+) -> bytes:
+    """The planner inputs other than the planner (tables, sharders, topology), compared across
+    ranks even when the plan is given; a constant on a device TorchRec has no topology for
+    ("meta"), where the plan digest alone is compared."""
+    if device.type not in ("cpu", "cuda", "mtia"):
+        return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()
+    from torchrec.distributed.comm import get_local_size
+    from torchrec.distributed.planner import Topology
+
+    from fastinit.sharding.fingerprint import planner_fingerprint
+
+    topology = Topology(
+        world_size=env.world_size,
+        local_world_size=get_local_size(env.world_size),
+        compute_device=device.type,
+    )
+    with trace.span("fastinit.fingerprint"):
+        return planner_fingerprint(module, sharders, topology)
 
 
 def _plan_key(
@@ -415,33 +432,23 @@ def _plan_from_cache_or_planner(
     return plan
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _cache_get(
     cache: PlanCache, key: bytes, module: nn.Module, sharders: list[Any], env: ShardingEnv
 ) -> ShardingPlan | None:
-    """A cached plan that fits this module and world (an entry that does not is a miss)."""
-    get: Any = cache.get  # ``accept`` arrives with the plan-cache hardening
-    if _accepts(get, "accept"):
+    """A cached plan that fits this module and world; an entry that does not, or is larger than
+    any plan for this model could be, is a miss with one warning (and is replaced)."""
+    from fastinit.sharding.cache import plan_bytes_bound
+    from fastinit.sharding.validate import count_tables
 
-        def accept(p: ShardingPlan) -> None:
-            _validate(module, p, sharders, env.world_size)
+    def accept(plan: ShardingPlan) -> None:
+        validate_plan(module, plan, sharders, world_size=env.world_size)
 
-        return get(key, accept=accept)
-    return get(key)
+    bound = plan_bytes_bound(count_tables(module, sharders), env.world_size)
+    return cache.get(key, accept=accept, max_bytes=bound)
 
 
 def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_size: int) -> None:
-    validate: Any = validate_plan  # ``world_size`` arrives with the complete validate_plan
-    if _accepts(validate, "world_size"):
-        validate(module, plan, sharders, world_size=world_size)
-    else:
-        validate(module, plan, sharders)
+    validate_plan(module, plan, sharders, world_size=world_size)
 
 
 def _encode(plan: ShardingPlan) -> bytes:
@@ -512,6 +519,9 @@ def _construct(
             if pg is None
             else DefaultDataParallelWrapper(ddp_kwargs={"init_sync": False})
         )
+    extra: dict[str, Any] = {}
+    if model_tracker_configs is not None:
+        extra["model_tracker_configs"] = model_tracker_configs
     with trace.span("fastinit.dmp"):
         return DistributedModelParallel(
             module,
@@ -522,7 +532,7 @@ def _construct(
             init_data_parallel=False,
             init_parameters=init_parameters,
             data_parallel_wrapper=wrapper,
-            model_tracker_configs=model_tracker_configs,
+            **extra,
         )
 
 

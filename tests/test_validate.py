@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import types
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from torchrec.distributed.types import (  # noqa: E402
 from fastinit.errors import PlanMismatchError, StartupError  # noqa: E402
 from fastinit.sharding.validate import (  # noqa: E402
     _tiling_problem,
+    _tiling_problem_2d,
     count_tables,
     shardable_modules,
     validate_plan,
@@ -63,8 +65,8 @@ def _raises(model: nn.Module, plan: ShardingPlan, match: str, world_size: int = 
 
 def test_plans_of_every_sharding_type_pass(model: nn.Module) -> None:
     for world_size, local in ((1, 1), (2, 2), (4, 2), (8, 4)):
-        for types in [list(SHARDING_TYPES)] + [[t] for t in SHARDING_TYPES]:
-            plan = build_plan(model, types, world_size=world_size, local_world_size=local)
+        for kinds in [list(SHARDING_TYPES)] + [[t] for t in SHARDING_TYPES]:
+            plan = build_plan(model, kinds, world_size=world_size, local_world_size=local)
             validate_plan(model, plan, SHARDERS, world_size=world_size)
             validate_plan(model, plan, SHARDERS)  # placements unchecked without a world size
 
@@ -234,6 +236,13 @@ def test_the_sweep_agrees_with_counting_cells() -> None:
             boxes.pop(rng.randrange(len(boxes)))
         expected = _brute_force(boxes, shape)
         assert (_tiling_problem(boxes, shape, 0) is None) == expected, (boxes, shape)
+        shards = [
+            types.SimpleNamespace(
+                shard_offsets=list(lo), shard_sizes=[b - a for a, b in zip(lo, hi)]
+            )
+            for lo, hi in boxes
+        ]
+        assert (_tiling_problem_2d("t", shape, shards, None) is None) == expected, (boxes, shape)
         agreed[expected] += 1
     assert agreed[True] > 300 and agreed[False] > 300, agreed
 

@@ -1,15 +1,18 @@
 """Private TorchRec and torch names touched by fastinit's sharders and ``setup``, in one place.
 
 Written against torchrec 1.8.0 and torch 2.13.0; :func:`fastinit.compat.require` checks for them
-before any of these names is used, so an upgrade fails loudly instead of silently changing what a
-patched code path does.
+before any of these names is used, so an upgrade fails loudly instead of silently changing what
+these code paths do. No class is patched: everything here reads or sets attributes of one
+sharded module instance.
 
 Touches:
-    torch.distributed._shard.sharded_tensor.ShardedTensor._init_from_local_shards (scoped,
-        thread-aware replacement while one EmbeddingCollection builds its state),
-    ShardedTensor._init_from_local_shards_and_global_metadata (the public-in-spirit local route
-        that TorchRec's own EmbeddingBagCollection uses),
-    ShardedEmbeddingCollection._model_parallel_name_to_local_shards, ._table_name_to_config,
+    ShardedEmbeddingCollection / ShardedEmbeddingBagCollection:
+        ._model_parallel_name_to_local_shards, ._model_parallel_name_to_shards_wrapper,
+        ._model_parallel_name_to_sharded_tensor, ._model_parallel_name_to_dtensor,
+        ._table_name_to_config, ._output_dtensor, ._env, ._lookups,
+        ._sharding_type_to_sharding (EC), ._embedding_shardings (EBC),
+    ShardedTensor._init_from_local_shards_and_global_metadata (the local route that TorchRec's
+        own EmbeddingBagCollection uses),
     torchrec.distributed.collective_utils._INITIALIZED / _USE_COLLECTIVE_VALIDATION /
         _resolve_enablement_on_leader (collective validation configured without a broadcast),
     EmbeddingShardingPlanner._topology / ._constraints (read, for the plan fingerprint).
@@ -18,59 +21,151 @@ Touches:
 from __future__ import annotations
 
 import contextlib
-import threading
+import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_local = threading.local()
-_patch_lock = threading.Lock()
-_patch_depth = 0
-_original: Callable[..., Any] | None = None
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torchrec.distributed.embedding import ShardedEmbeddingCollection
+
+_VIRTUAL_KERNELS = frozenset(
+    {"key_value", "ssd_virtual_table", "dram_virtual_table", "dram_ssd_virtual_table"}
+)
+_CUSTOMIZED = "customized_kernel"
+_DENSE = "dense"
 
 
-def _dispatching_init(*args: Any, **kwargs: Any) -> Any:
-    hook = getattr(_local, "hook", None)
-    if hook is not None:
-        result = hook(*args, **kwargs)
-        if result is not NotImplemented:
-            return result
-    assert _original is not None
-    return _original(*args, **kwargs)
+def _params_of(module: Any) -> nn.ModuleDict | None:
+    """The per-table ``nn.Module`` dict of a sharded EC (``embeddings``) or EBC
+    (``embedding_bags``); None before ``_initialize_torch_state`` ran."""
+    out = getattr(module, "embedding_bags", None)
+    if out is None:
+        out = getattr(module, "embeddings", None)
+    return out if isinstance(out, nn.ModuleDict) else None
+
+
+def table_pieces(module: Any, name: str) -> list[tuple[torch.Tensor, int, int]]:
+    """This rank's pieces of table ``name``: ``(tensor, first global row, first global column)``.
+
+    A data-parallel table is one piece, the whole table. A sharded table's pieces are its local
+    shards (views of the kernel's weights), read from the module's shard lists.
+    """
+    sharding = module.module_sharding_plan[name]
+    if sharding.sharding_type == "data_parallel":
+        params = _params_of(module)
+        if params is None or name not in params:
+            return []
+        weight = getattr(params[name], "weight", None)
+        return [] if weight is None else [(weight.data, 0, 0)]
+    shards = getattr(module, "_model_parallel_name_to_local_shards", {}).get(name)
+    if shards:
+        return [
+            (s.tensor, int(s.metadata.shard_offsets[0]), int(s.metadata.shard_offsets[1]))
+            for s in shards
+        ]
+    wrapper = getattr(module, "_model_parallel_name_to_shards_wrapper", {}).get(name) or {}
+    return [
+        (t, int(off[0]), int(off[1]))
+        for t, off in zip(
+            wrapper.get("local_tensors", []), wrapper.get("local_offsets", []), strict=True
+        )
+    ]
+
+
+def _ec_can_build_locally(module: Any) -> bool:
+    if getattr(module, "_output_dtensor", False):
+        return False
+    for name, ps in module.module_sharding_plan.items():
+        if ps.sharding_type == "data_parallel":
+            continue
+        if ps.compute_kernel in _VIRTUAL_KERNELS or ps.compute_kernel == _CUSTOMIZED:
+            return False
+        if ps.sharding_spec is None or getattr(
+            table_config(module, name), "use_virtual_table", False
+        ):
+            return False
+    return True
 
 
 @contextlib.contextmanager
-def local_sharded_tensor_init(hook: Callable[..., Any]) -> Iterator[None]:
-    """Within the block, on this thread only, ``ShardedTensor._init_from_local_shards`` calls
-    ``hook(local_shards, *global_size, process_group=..., init_rrefs=...)`` first; a hook that
-    returns ``NotImplemented`` falls through to torch's collective implementation.
-
-    Other threads keep torch's implementation (the replacement dispatches on a thread-local).
-    """
-    global _patch_depth, _original
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    with _patch_lock:
-        if _patch_depth == 0:
-            _original = ShardedTensor._init_from_local_shards
-            ShardedTensor._init_from_local_shards = staticmethod(_dispatching_init)  # type: ignore[method-assign]
-        _patch_depth += 1
-    previous = getattr(_local, "hook", None)
-    _local.hook = hook
+def _without_state_dict_handling(module: Any) -> Iterator[list[str]]:
+    """Within the block, the module's own plan marks its sharded tables "customized_kernel",
+    the value for which TorchRec's ``_initialize_torch_state`` registers the tables' parameters
+    and state_dict hooks but builds no ShardedTensor (no collective). Only this instance's
+    ``module_sharding_plan`` dict is swapped (its ParameterSharding objects, shared with the
+    DMP plan, are copied, not changed) and restored after. Yields the tables so marked."""
+    original = module.module_sharding_plan
+    marked = [n for n, ps in original.items() if ps.sharding_type != "data_parallel"]
+    swapped = dict(original)
+    for name in marked:
+        swapped[name] = dataclasses.replace(original[name], compute_kernel=_CUSTOMIZED)
+    module.module_sharding_plan = type(original)(swapped) if isinstance(original, dict) else swapped
     try:
-        yield
+        yield marked
     finally:
-        _local.hook = previous
-        with _patch_lock:
-            _patch_depth -= 1
-            if _patch_depth == 0:
-                setattr(ShardedTensor, "_init_from_local_shards", _original)  # noqa: B010
-                _original = None
+        module.module_sharding_plan = original
 
 
-def ec_local_shards_by_id(module: Any) -> dict[int, str]:
-    """``id(local shard list) -> table name`` of a ShardedEmbeddingCollection building its state."""
-    shards = getattr(module, "_model_parallel_name_to_local_shards", {})
-    return {id(v): k for k, v in shards.items()}
+def ec_initialize_torch_state(
+    module: ShardedEmbeddingCollection,
+    skip_registering: bool,
+    stock: Callable[[bool], None],
+) -> None:
+    """``ShardedEmbeddingCollection._initialize_torch_state`` with each table's ShardedTensor
+    metadata built from the plan's ``sharding_spec`` (stock: 2 ``all_gather_object`` per table),
+    with the table's data type, as TorchRec's EmbeddingBagCollection does.
+
+    ``stock(skip_registering)`` is TorchRec's method; it runs unchanged (parameters, hooks) with
+    the sharded tables' state_dict handling left to this function. Modules this does not cover
+    (DTensor output, virtual tables, customised kernels) run TorchRec's method as it is.
+    """
+    if not _ec_can_build_locally(module):
+        stock(skip_registering)
+        return
+    with _without_state_dict_handling(module) as marked:
+        stock(skip_registering)
+    from torch.distributed._shard.sharded_tensor import ShardedTensor, TensorProperties
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.types import ShardingEnv2D
+    from torchrec.modules.embedding_configs import data_type_to_dtype
+
+    m: Any = module
+    plan = m.module_sharding_plan
+    local: OrderedDict[str, list[Any]] = OrderedDict((n, []) for n in marked)
+    m._model_parallel_name_to_local_shards = local
+    m._model_parallel_name_to_shards_wrapper = OrderedDict(
+        (n, OrderedDict([("local_tensors", []), ("local_offsets", [])])) for n in marked
+    )
+    for sharding_type, lookup in zip(m._sharding_type_to_sharding.keys(), m._lookups, strict=True):
+        if sharding_type == "data_parallel":
+            continue
+        for key, value in lookup.state_dict().items():
+            name = key[: -len(".weight")]
+            if isinstance(value, ShardedTensor) and name in local:
+                local[name].extend(value.local_shards())
+    pg = m._env.sharding_pg if isinstance(m._env, ShardingEnv2D) else m._env.process_group
+    for name, shards in local.items():
+        holder = m.embeddings[name]
+        if not hasattr(holder, "weight"):  # no shard of this table on this rank
+            holder.register_parameter("weight", nn.Parameter(torch.empty(0)))
+            if plan[name].compute_kernel != EmbeddingComputeKernel.DENSE.value:
+                from torchrec.optim.fused import EmptyFusedOptimizer
+
+                holder.weight._in_backward_optimizers = [EmptyFusedOptimizer()]
+        config = table_config(module, name)
+        metadata = plan[name].sharding_spec.build_metadata(
+            tensor_sizes=torch.Size((config.num_embeddings, config.embedding_dim)),
+            tensor_properties=TensorProperties(dtype=data_type_to_dtype(config.data_type)),
+        )
+        m._model_parallel_name_to_sharded_tensor[name] = (
+            ShardedTensor._init_from_local_shards_and_global_metadata(
+                shards, metadata, process_group=pg
+            )
+        )
 
 
 def table_config(module: Any, name: str) -> Any:

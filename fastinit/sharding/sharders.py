@@ -4,11 +4,15 @@ They subclass TorchRec's own sharders (its plug-in mechanism) and its sharded mo
 
 * :class:`FastEmbeddingCollectionSharder` builds each table's ``ShardedTensor`` metadata locally
   from the plan's ``sharding_spec`` (stock: 2 ``all_gather_object`` per table), with the table's
-  data type, as TorchRec's ``EmbeddingBagCollection`` path already does.
+  data type, as TorchRec's ``EmbeddingBagCollection`` path already does; no class is patched.
 * Both fast sharders wrap data-parallel tables in DDP without its init sync (stock: a shape
-  verification all_gather and a coalesced broadcast per module) and re-initialise data-parallel
-  tables from a generator seeded by ``(seed, table FQN)`` instead of broadcasting each one from
-  rank 0, so every rank holds the same values with no message.
+  verification all_gather and a coalesced broadcast per module).
+* Every local piece of every table — data-parallel, or a shard of any sharding type — is
+  initialised by :func:`fastinit.seeding.init_table_shards`: the values of a table are a function
+  of ``(seed, table FQN)`` alone, so data-parallel replicas agree with no message, shards of one
+  table are distinct, and any plan gathers to the same table. TorchRec's own construction-time
+  initialisation (its kernels fill their weights first) runs under
+  :func:`fastinit.seeding.scratch_rng`, so building never draws from the global RNG.
 
 Everything else (lookups, input/output dists, fused optimizers, state_dict) is TorchRec's.
 """
@@ -25,10 +29,9 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
-from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import data_type_to_dtype
 
-from fastinit.seeding import seeded_generator_seed, seeded_init
+from fastinit import seeding
 from fastinit.sharding import _torchrec_modules as _trc
 
 __all__ = [
@@ -58,34 +61,44 @@ def _ddp_without_init_sync(lookup: nn.Module, env: Any, device: torch.device | N
 
 
 class _FastStateMixin:
-    """Shared by the fast sharded modules: DP lookups without DDP init sync, seeded DP tables."""
+    """Shared by the fast sharded modules: sync-free DP lookups, plan-invariant seeded tables."""
 
     _fastinit_seed: int
     _fastinit_fqn: str
+    _fastinit_building: bool
 
-    def _fastinit_reset(self, configs: list[Any], params: Any, *, dp_only: bool) -> None:
-        """Initialise tables from generators seeded by ``(seed, table FQN)``: the same values on
-        every rank, so data-parallel tables need no broadcast."""
-        if params is None:  # no torch state (TorchRec skips it on the "fake" backend)
+    def _fastinit_configs(self) -> list[Any]:
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        """Initialise every local piece of every table from its ``(seed, table FQN)`` blocks."""
+        device = getattr(self, "_device", None)
+        if device is not None and device.type == "meta":
             return
+        if getattr(self, "_fastinit_building", False):
+            return  # TorchRec calls it inside __init__; the fast sharder calls it once after
         plan = self.module_sharding_plan  # type: ignore[attr-defined]
-        items = []
-        for config in configs:
-            ps = plan[config.name]
-            if dp_only and ps.sharding_type != ShardingType.DATA_PARALLEL.value:
+        seed = getattr(self, "_fastinit_seed", 0)
+        prefix = f"{self._fastinit_fqn}." if getattr(self, "_fastinit_fqn", "") else ""
+        for config in self._fastinit_configs():
+            ps = plan.get(config.name)
+            if ps is None or ps.compute_kernel in _VIRTUAL_KERNELS or config.init_fn is None:
                 continue
-            if ps.compute_kernel in _VIRTUAL_KERNELS or config.init_fn is None:
-                continue
-            param = params[config.name].weight
-            if param.device.type == "meta" or not param.numel():
-                continue
-            name = f"{self._fastinit_fqn}.{config.name}" if self._fastinit_fqn else config.name
-            items.append((param, config.init_fn, seeded_generator_seed(self._fastinit_seed, name)))
-        seeded_init(items)
+            seeding.init_table_shards(
+                config.init_fn,
+                prefix + config.name,
+                seed,
+                (config.num_embeddings, config.embedding_dim),
+                data_type_to_dtype(config.data_type),
+                _trc.table_pieces(self, config.name),
+            )
 
 
 class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagCollection):
-    """``ShardedEmbeddingBagCollection`` whose data-parallel tables need no start-up sync."""
+    """``ShardedEmbeddingBagCollection`` with sync-free data-parallel tables and seeded tables."""
+
+    def _fastinit_configs(self) -> list[Any]:
+        return list(self._embedding_bag_configs)
 
     def init_data_parallel(self) -> None:
         from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingSharding
@@ -96,14 +109,13 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
             if isinstance(sharding, DpPooledEmbeddingSharding):
                 self._lookups[i] = _ddp_without_init_sync(lookup, self._env, self._device)
 
-    def reset_parameters(self) -> None:
-        if self._device and self._device.type == "meta":
-            return
-        self._fastinit_reset(self._embedding_bag_configs, self.embedding_bags, dp_only=False)
-
 
 class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection):
-    """``ShardedEmbeddingCollection`` with locally built ShardedTensor metadata."""
+    """``ShardedEmbeddingCollection`` with locally built ShardedTensor metadata, sync-free
+    data-parallel tables and seeded tables."""
+
+    def _fastinit_configs(self) -> list[Any]:
+        return list(self._embedding_configs)
 
     def init_data_parallel(self) -> None:
         from torchrec.distributed.sharding.dp_sequence_sharding import (
@@ -117,65 +129,29 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
                 self._lookups[index] = _ddp_without_init_sync(lookup, self._env, self._device)
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
-        by_id: dict[int, str] = {}
-
-        def local_init(local_shards: Any, *global_size: Any, **kwargs: Any) -> Any:
-            # Every table's local-shard list exists before the first ShardedTensor is built.
-            if not by_id:
-                by_id.update(_trc.ec_local_shards_by_id(self))
-            return _local_sharded_tensor(self, by_id, local_shards, global_size, **kwargs)
-
-        with _trc.local_sharded_tensor_init(local_init):
-            super()._initialize_torch_state(skip_registering)
-
-    def reset_parameters(self) -> None:
-        if self._device and self._device.type == "meta":
-            return
-        self._fastinit_reset(self._embedding_configs, self.embeddings, dp_only=False)
+        building = getattr(self, "_fastinit_building", False)
+        self._fastinit_building = True  # TorchRec's method ends in reset_parameters: once, below
+        try:
+            _trc.ec_initialize_torch_state(self, skip_registering, super()._initialize_torch_state)
+        finally:
+            self._fastinit_building = building
+        self.reset_parameters()
 
 
-def _local_sharded_tensor(
-    module: Any,
-    by_id: dict[int, str],
-    local_shards: Any,
-    global_size: tuple[Any, ...],
-    process_group: Any = None,
-    init_rrefs: bool = False,
-) -> Any:
-    """Build one table's ShardedTensor from the plan (no collective), or NotImplemented."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor, TensorProperties
-
-    name = by_id.get(id(local_shards))
-    if name is None or init_rrefs:
-        return NotImplemented
-    config = _trc.table_config(module, name)
-    if getattr(config, "use_virtual_table", False):
-        return NotImplemented
-    spec = module.module_sharding_plan[name].sharding_spec
-    if spec is None:
-        return NotImplemented
-    if len(global_size) == 1 and isinstance(global_size[0], list | tuple | torch.Size):
-        global_size = tuple(global_size[0])
-    metadata = spec.build_metadata(
-        tensor_sizes=torch.Size(global_size),
-        tensor_properties=TensorProperties(dtype=data_type_to_dtype(config.data_type)),
-    )
-    return ShardedTensor._init_from_local_shards_and_global_metadata(
-        local_shards, metadata, process_group=process_group
-    )
-
-
-def _construct(
-    cls: Any, seed: int, module_fqn: str | None, tables: tuple[str, str], **kwargs: Any
-) -> Any:
-    """Build a fast sharded module: seed and FQN are set before TorchRec's ``__init__`` runs
-    (EmbeddingCollection resets its parameters inside it), then the DP tables are seeded."""
+def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> Any:
+    """Build a fast sharded module: TorchRec's ``__init__`` under a scratch generator (its
+    kernels' own initialisation never touches the global RNG), then every table from its
+    ``(seed, FQN)`` blocks, once."""
     sharded = cls.__new__(cls)
     sharded._fastinit_seed = seed
     sharded._fastinit_fqn = module_fqn or ""
-    sharded.__init__(module_fqn=module_fqn, **kwargs)
-    configs, params = tables
-    sharded._fastinit_reset(getattr(sharded, configs), getattr(sharded, params, None), dp_only=True)
+    sharded._fastinit_building = True
+    try:
+        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"):
+            sharded.__init__(module_fqn=module_fqn, **kwargs)
+    finally:
+        sharded._fastinit_building = False
+    sharded.reset_parameters()
     return sharded
 
 
@@ -207,7 +183,6 @@ class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSh
             FastShardedEmbeddingBagCollection,
             self.seed,
             module_fqn,
-            ("_embedding_bag_configs", "embedding_bags"),
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
@@ -242,7 +217,6 @@ class FastEmbeddingCollectionSharder(_SeededSharder, EmbeddingCollectionSharder)
             FastShardedEmbeddingCollection,
             self.seed,
             module_fqn,
-            ("_embedding_configs", "embeddings"),
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,

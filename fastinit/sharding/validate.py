@@ -173,36 +173,99 @@ def _check_table(table: str, shape: tuple[int, ...], ps: Any, world_size: int | 
             f"the plan's sharding_spec of table {table!r} is a {type(spec).__name__}, "
             "not an enumerable list of shards"
         )
+    if len(shape) == 2:  # every embedding table: a tighter loop, and 1-D runs for RW/CW
+        problem = _tiling_problem_2d(table, shape, shards, world_size)
+    else:
+        problem = _tiling_problem_nd(table, shape, shards, world_size)
+    if problem is not None:
+        raise PlanMismatchError(f"the plan's shards of table {table!r} {problem}")
+
+
+def _outside(table: str, shape: tuple[int, ...], offsets: Any, sizes: Any) -> PlanMismatchError:
+    return PlanMismatchError(
+        f"the plan's shard {list(offsets)}+{list(sizes)} of table {table!r} lies outside "
+        f"the table's shape {list(shape)}"
+    )
+
+
+def _wrong_dims(table: str, shape: tuple[int, ...], offsets: Any, sizes: Any) -> PlanMismatchError:
+    return PlanMismatchError(
+        f"the plan's shard {list(offsets)}+{list(sizes)} of table {table!r} does not have "
+        f"the table's {len(shape)} dimensions {list(shape)}"
+    )
+
+
+def _tiling_problem_2d(
+    table: str, shape: tuple[int, ...], shards: Any, world_size: int | None
+) -> str | None:
+    rows, cols = shape
+    boxes: list[tuple[int, int, int, int]] = []
+    placements: list[int] = []
+    for shard in shards:
+        offsets, sizes = shard.shard_offsets, shard.shard_sizes
+        if len(offsets) != 2 or len(sizes) != 2:
+            raise _wrong_dims(table, shape, offsets, sizes)
+        r0, c0 = offsets
+        nr, nc = sizes
+        r1, c1 = r0 + nr, c0 + nc
+        if r0 < 0 or c0 < 0 or nr < 0 or nc < 0 or r1 > rows or c1 > cols:
+            raise _outside(table, shape, offsets, sizes)
+        if world_size is not None:
+            placements.append(_placement_rank(table, shard))
+        if nr and nc:
+            boxes.append((r0, r1, c0, c1))
+    _check_ranks(f"a shard of table {table!r}", placements, world_size)
+    if not rows or not cols:
+        return None
+    if all(b[2] == 0 and b[3] == cols for b in boxes):  # row-wise, table-row-wise, table-wise
+        return _run_problem(sorted((b[0], b[1]) for b in boxes), rows, (), 1)
+    if all(b[0] == 0 and b[1] == rows for b in boxes):  # column-wise, table-column-wise
+        problem = _run_problem(sorted((b[2], b[3]) for b in boxes), cols, ((0, rows),), 0)
+        return problem
+    return _tiling_problem([((b[0], b[2]), (b[1], b[3])) for b in boxes], shape, 0)
+
+
+def _tiling_problem_nd(
+    table: str, shape: tuple[int, ...], shards: Any, world_size: int | None
+) -> str | None:
     ndim = len(shape)
     boxes: list[_Box] = []
     placements: list[int] = []
     for shard in shards:
         offsets, sizes = tuple(shard.shard_offsets), tuple(shard.shard_sizes)
         if len(offsets) != ndim or len(sizes) != ndim:
-            raise PlanMismatchError(
-                f"the plan's shard {list(offsets)}+{list(sizes)} of table {table!r} does not have "
-                f"the table's {ndim} dimensions {list(shape)}"
-            )
+            raise _wrong_dims(table, shape, offsets, sizes)
         ends = tuple(o + n for o, n in zip(offsets, sizes, strict=True))
         if (
             any(o < 0 for o in offsets)
             or any(n < 0 for n in sizes)
             or any(e > d for e, d in zip(ends, shape, strict=True))
         ):
-            raise PlanMismatchError(
-                f"the plan's shard {list(offsets)}+{list(sizes)} of table {table!r} lies outside "
-                f"the table's shape {list(shape)}"
-            )
+            raise _outside(table, shape, offsets, sizes)
         if world_size is not None:
             placements.append(_placement_rank(table, shard))
         if all(sizes):
             boxes.append((offsets, ends))
     _check_ranks(f"a shard of table {table!r}", placements, world_size)
     if ndim == 0 or not all(shape):
-        return
-    problem = _tiling_problem(boxes, shape, 0)
-    if problem is not None:
-        raise PlanMismatchError(f"the plan's shards of table {table!r} {problem}")
+        return None
+    return _tiling_problem(boxes, shape, 0)
+
+
+def _run_problem(
+    intervals: list[tuple[int, int]], size: int, prefix: tuple[tuple[int, int], ...], rest: int
+) -> str | None:
+    """None when the sorted ``intervals`` tile ``[0, size)``; else the first gap or overlap."""
+    pos = 0
+    for lo, hi in intervals:
+        if lo > pos:
+            return f"leave {_where(prefix, rest, pos, lo)} uncovered"
+        if lo < pos:
+            return f"overlap at {_where(prefix, rest, lo, min(pos, hi))}"
+        pos = hi
+    if pos < size:
+        return f"leave {_where(prefix, rest, pos, size)} uncovered"
+    return None
 
 
 def _placement_rank(table: str, shard: Any) -> int:
@@ -230,16 +293,7 @@ def _tiling_problem(
     size = shape[dim]
     rest = len(shape) - dim - 1
     if not rest:
-        pos = 0
-        for lo, hi in sorted((b[0][dim], b[1][dim]) for b in boxes):
-            if lo > pos:
-                return f"leave {_where(prefix, rest, pos, lo)} uncovered"
-            if lo < pos:
-                return f"overlap at {_where(prefix, rest, lo, min(pos, hi))}"
-            pos = hi
-        if pos < size:
-            return f"leave {_where(prefix, rest, pos, size)} uncovered"
-        return None
+        return _run_problem(sorted((b[0][dim], b[1][dim]) for b in boxes), size, prefix, 0)
     # Sweep dimension ``dim``: between consecutive boundaries, the crossing shards must tile the
     # remaining dimensions.
     order = sorted(boxes, key=lambda b: b[0][dim])

@@ -1,0 +1,1 @@
+"""Developer tools that depend on fastinit (never the reverse)."""

@@ -244,31 +244,60 @@ def read_inputs(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return doc
 
 
-def diff_inputs(planned: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The parts that differ, each as ``"name: planned X, now Y"``, most telling first.
-
-    The rest-of-topology digest is left out when a named topology field already differs, and the
-    planner's settings digest when its class differs.
-    """
+def _differing(planned: Mapping[str, Any], now: Mapping[str, Any]) -> set[str]:
     names = {n for n in set(planned) | set(now) if n != "consistent"}
     differ = {n for n in names if n not in planned or n not in now or planned[n] != now[n]}
     if any(n.startswith("topology.") and n != "topology.other" for n in differ):
         differ.discard("topology.other")
     if "planner.class" in differ:
         differ.discard("planner.settings")
+    return differ
+
+
+_TABLE_FIELDS = ("shape", "dtype", "device")
+
+
+def _table_change(a: Any, b: Any) -> tuple[tuple[str, str, str], ...] | None:
+    """What differs between two table values (shape, dtype, device; else "config"), or None."""
+    pa, pb = str(a).split(), str(b).split()
+    if len(pa) != 4 or len(pb) != 4:
+        return None
+    changes = tuple((f, x, y) for f, x, y in zip(_TABLE_FIELDS, pa[:3], pb[:3]) if x != y)
+    return changes or (("config", "other fields", "differ"),)
+
+
+def diff_inputs(planned: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The parts that differ, each as ``"name: planned X, now Y"``, most telling first.
+
+    The rest-of-topology digest is left out when a named topology field already differs, and the
+    planner's settings digest when its class differs. Three or more tables changed the same way
+    (say, built on "cpu" where the plan was made on "meta") make one line.
+    """
+    differ = _differing(planned, now)
     order = ("format", "versions", "topology", "planner", "sharders", "constraints", "module")
 
     def rank(name: str) -> tuple[int, str]:
         return next((i for i, p in enumerate(order) if name.startswith(p)), len(order)), name
 
+    groups: dict[tuple[tuple[str, str, str], ...], list[str]] = {}
+    for name in sorted(differ):
+        if name.startswith("table ") and name in planned and name in now:
+            change = _table_change(planned[name], now[name])
+            if change is not None:
+                groups.setdefault(change, []).append(name.removeprefix("table "))
+    grouped = {f"table {t}" for tables in groups.values() if len(tables) >= 3 for t in tables}
     lines = []
-    for name in sorted(differ, key=rank):
+    for name in sorted(differ - grouped, key=rank):
         if name not in planned:
             lines.append(f"{name}: not planned for, now {now[name]}")
         elif name not in now:
             lines.append(f"{name}: planned {planned[name]}, now absent")
         else:
             lines.append(f"{name}: planned {planned[name]}, now {now[name]}")
+    for change, tables in groups.items():
+        if len(tables) >= 3:
+            what = ", ".join(f"{f} planned {x}, now {y}" for f, x, y in change)
+            lines.append(f"{len(tables)} tables ({', '.join(tables[:2])}, ...): {what}")
     return lines
 
 
@@ -313,7 +342,7 @@ def explain_miss(
     now = input_parts(module, key, constraints=constraints)
     if not now.get("consistent", False):
         return f"{head}: this fastinit cannot describe the key's inputs (a version mismatch?)"
-    best = min(described, key=lambda d: len(diff_inputs(d["inputs"], now)))
+    best = min(described, key=lambda d: len(_differing(d["inputs"], now)))
     diffs = diff_inputs(best["inputs"], now)
     origin = f"{best.get('written_by', '?')}, {best.get('written_at', '?')}"
     if best["key"] == key.fingerprint.hex():

@@ -69,6 +69,8 @@ def load_factory(ref: str) -> Callable[..., Any]:
         path = pathlib.Path(target).resolve()
         if not path.is_file():
             raise CliError(f"{ref!r}: no such file {path}")
+        if str(path.parent) not in sys.path:  # its sibling modules import, as under `python file`
+            sys.path.insert(0, str(path.parent))
         name = f"_fastinit_factory_{path.stem}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
@@ -237,6 +239,11 @@ def format_summary(s: PlanSummary) -> str:
     ]
     if s.inputs:
         lines.append(f"planned-for inputs: {s.inputs}")
+    cache_dir = os.path.dirname(s.entry) or "."
+    lines.append(
+        f"the job hits it with fastinit.setup(..., plan_cache={cache_dir!r}) (or "
+        f"FASTINIT_PLAN_CACHE) on {s.world_size} ranks, {s.local_world_size} per host, {s.device}"
+    )
     return "\n".join(lines)
 
 

@@ -250,3 +250,16 @@ def test_command_errors_are_one_line_and_root_logging_is_left_alone(
         assert message in err and err.count("\n") == 1, err
     assert root.handlers == handlers and root.level == level
     assert logging.getLogger("fastinit").propagate is False
+
+
+def test_the_command_and_provenance_import_light() -> None:
+    code = (
+        "import sys, fastinit.cli, fastinit.sharding.provenance\n"
+        "try:\n    fastinit.cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "print(','.join(m for m in ('torch', 'torchrec') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import fastinit
+
+    # The version, then the heavy modules loaded: none.
+    assert out.stdout.splitlines() == [f"fastinit {fastinit.__version__}", ""], out.stdout

@@ -275,6 +275,20 @@ def _call_with(init_fn: Any, tensor: torch.Tensor, generator: torch.Generator) -
         init_fn(tensor)
 
 
+# Below ATen's parallel grain size (32 Ki elements), so a CPU copy runs on this thread: a copy
+# split across intra-op threads costs milliseconds when the cores are busy (measured here).
+_SERIAL_COPY_ELEMENTS = 1 << 14
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.device.type != "cpu" or dst.numel() <= _SERIAL_COPY_ELEMENTS:
+        dst.copy_(src)
+        return
+    step = max(1, _SERIAL_COPY_ELEMENTS // max(1, dst.shape[1]))
+    for i in range(0, dst.shape[0], step):
+        dst[i : i + step].copy_(src[i : i + step])
+
+
 #: A local piece of a table: ``(tensor, first global row, first global column)``.
 Piece = tuple[torch.Tensor, int, int]
 
@@ -327,13 +341,30 @@ def init_table_shards(
     for (b, device), feeds in sorted(by_block.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         start = b * per_block
         stop = min(rows, start + per_block)
-        block = torch.empty(stop - start, dim, dtype=gen_dtype, device=device)
+        # A piece that holds the whole block (full width, contiguous, same dtype: table-wise,
+        # row-wise, data-parallel) is generated in place; anything else copies out of a block.
+        block = next(
+            (
+                view
+                for tensor, row, col in feeds
+                if col == 0
+                and tensor.shape[1] == dim
+                and tensor.dtype == gen_dtype
+                and row <= start
+                and stop <= row + tensor.shape[0]
+                and (view := tensor[start - row : stop - row]).is_contiguous()
+            ),
+            None,
+        )
+        if block is None:
+            block = torch.empty(stop - start, dim, dtype=gen_dtype, device=device)
         _call_with(init_fn, block, _generator(seed, f"{fqn}\0block\0{b}", device))
         for tensor, row, col in feeds:
             lo, hi = max(start, row), min(stop, row + tensor.shape[0])
-            tensor[lo - row : hi - row].copy_(
-                block[lo - start : hi - start, col : col + tensor.shape[1]]
-            )
+            dst = tensor[lo - row : hi - row]
+            src = block[lo - start : hi - start, col : col + tensor.shape[1]]
+            if dst.data_ptr() != src.data_ptr():
+                _copy(dst, src)
 
 
 # --------------------------------------------------------------------------------------------

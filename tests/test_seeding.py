@@ -1,9 +1,9 @@
 """fastinit's own initial values: explicit generators only, plan-invariant tables, distinct shards.
 
-Unit tests check the rules in one process; the multi-rank test builds the same model under a
-1-rank table-wise plan and two mixed 4-rank plans (every sharding type, EBC and EC, fp16 tables)
-while a thread draws from the global RNG, and compares what fastinit made — not stock's values
-loaded over it.
+Unit tests check the rules in one process. The multi-rank test builds the same model under a
+1-rank table-wise plan and two mixed 4-rank plans ("fused" and "dense" kernels, every sharding
+type, EBC and EC, fp16 tables) while a thread draws from the global RNG, and compares what
+fastinit made — not stock's values loaded over it.
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def _plan_types(model: Any, world: int, shift: int) -> dict[str, str]:
     return types
 
 
-def _build(seed: int, world: int, shift: int) -> Any:
+def _build(seed: int, world: int, shift: int, kernel: str = "fused") -> Any:
     import fastinit
     from fastinit.testing.models import ModelSpec, build_model, build_plan
 
@@ -304,16 +304,29 @@ def _build(seed: int, world: int, shift: int) -> Any:
         m.extra = _Bare("meta")  # a bare meta parameter, no reset_parameters
         return m
 
-    plan = build_plan(model(), _plan_types(model(), world, shift), world)
+    plan = build_plan(model(), _plan_types(model(), world, shift), world, compute_kernel=kernel)
     return fastinit.setup(model(), plan=plan, seed=seed)
 
 
 def _pieces(model: Any) -> dict[str, Any]:
-    """Every state_dict entry: a sharded table as its local pieces, anything else whole."""
+    """Every state_dict entry: a sharded table as its local pieces, anything else whole.
+
+    Also checks that the values written into a table's local shards are the kernel's weights
+    (the module's registered parameter), not a copy of them."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     out: dict[str, Any] = {}
-    for key, value in model.state_dict().items():
+    state = model.state_dict()
+    aliased = 0
+    for name, param in model.named_parameters():
+        value = state.get(name)
+        if isinstance(value, ShardedTensor) and len(value.local_shards()) == 1:
+            shard = value.local_shards()[0].tensor
+            if shard.numel() and param.numel() == shard.numel():
+                assert torch.equal(param.detach().view_as(shard), shard), name
+                aliased += 1
+    assert aliased, "no table was checked against its kernel's weights"
+    for key, value in state.items():
         key = key.replace("_dmp_wrapped_module.", "").replace("module.", "", 1)
         if isinstance(value, ShardedTensor):
             out[key] = (
@@ -342,7 +355,7 @@ def _seeded_ranks(world: int) -> dict[str, Any]:
     if world > 1:
         dist.barrier()
         state = torch.get_rng_state()
-        out["shifted"] = _pieces(_build(seed=21, world=world, shift=2))
+        out["shifted"] = _pieces(_build(seed=21, world=world, shift=2, kernel="dense"))
         out["rng_unchanged"] = torch.equal(torch.get_rng_state(), state)
     out["classes_unchanged"] = _class_state() == before
     from torch.utils._python_dispatch import _get_current_dispatch_mode

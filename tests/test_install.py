@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import tomllib
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"

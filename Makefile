@@ -31,6 +31,9 @@ $(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
 	$(PIP) install -q --no-deps torchrec==1.8.0
 	$(PIP) freeze | grep -iE '^(torch|fbgemm)' > $(VENV)/.pinned
 	$(PIP) install -q -r requirements/common.txt -c $(VENV)/.pinned
+	@# fastinit itself, editable and without dependencies (they are all above): `import fastinit`,
+	@# the `fastinit` command and the torchx components then work from any directory.
+	$(PIP) install -q --no-deps -e .
 	@touch $@
 
 env: $(STAMP)

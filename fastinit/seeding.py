@@ -148,25 +148,30 @@ class _ExplicitRng(TorchDispatchMode):
             overload = _generator_overload(func)
             generator = self._resolve(target, device) if overload is not None else None
             if generator is None:
-                _log_once(
-                    f"global:{func}",
-                    logging.WARNING,
-                    "fastinit: %s has no generator argument and draws from the global RNG during "
-                    "start-up; replicated values it makes are verified after construction",
-                    func,
-                )
+                _global_rng_used(func)
                 return func(*args, **kwargs)
             return overload(*args, **kwargs, generator=generator)
         position, name = slot
         given = args[position] if position < len(args) else kwargs.get(name)
         if given is None:
             generator = self._resolve(target, device)
-            if generator is not None:
-                if position < len(args):
-                    args = (*args[:position], generator, *args[position + 1 :])
-                else:
-                    kwargs[name] = generator
+            if generator is None:
+                _global_rng_used(func)
+            elif position < len(args):
+                args = (*args[:position], generator, *args[position + 1 :])
+            else:
+                kwargs[name] = generator
         return func(*args, **kwargs)
+
+
+def _global_rng_used(func: Any) -> None:
+    _log_once(
+        f"global:{func}",
+        logging.WARNING,
+        "fastinit: %s draws from the global RNG during start-up (no generator variant, or none "
+        "chosen for its device); replicated values it makes are verified after construction",
+        func,
+    )
 
 
 @contextlib.contextmanager

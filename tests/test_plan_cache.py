@@ -347,3 +347,58 @@ def test_a_foreign_models_plan_is_rejected_by_validate_plan(tmp_path: Path) -> N
     with pytest.warns(FastinitCacheWarning, match="does not fit") as record:
         got = cache.get(KEY, accept=lambda p: validate_plan(ours, p, sharders, 2), max_bytes=bound)
     assert got is None and len(record) == 1
+
+
+def _foreign_entries(cache_dir: str) -> dict[str, Any]:
+    """On every rank: a valid entry under setup's key that holds a plan that does not fit."""
+    import torch.distributed as dist
+
+    import fastinit
+
+    rank = dist.get_rank()
+    spec = ModelSpec(num_tables=4, num_ec_tables=0)
+    out: dict[str, Any] = {}
+    fastinit.setup(build_model(spec, device="meta"), plan_cache=cache_dir, seed=1)
+    dist.barrier()
+    (name,) = [n for n in os.listdir(cache_dir) if n.endswith(".fiplan")]
+    key = bytes.fromhex(name[: -len(".fiplan")])
+    cache = PlanCache(cache_dir)
+    good = cache.get(key)
+    assert good is not None
+    other = build_model(ModelSpec(num_tables=6, num_ec_tables=0), device="meta")
+    foreign = {
+        "another model": build_plan(other, ["table_wise"], world_size=2),
+        "a rank outside the world": build_plan(
+            build_model(spec, device="meta"), ["table_wise"], world_size=4
+        ),
+    }
+    for what, plan in foreign.items():
+        dist.barrier()
+        if rank == 0:
+            assert cache.put(key, plan)
+        dist.barrier()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = fastinit.setup(build_model(spec, device="meta"), plan_cache=cache_dir, seed=1)
+        fits = [str(w.message) for w in caught if "does not fit" in str(w.message)]
+        out[what] = len(fits)
+        assert type(model).__name__ == "DistributedModelParallel"
+        dist.barrier()
+        replaced = cache.get(key)
+        assert replaced is not None and encode_plan(replaced) == encode_plan(good), what
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fastinit.setup(build_model(spec, device="meta"), plan_cache=cache_dir, seed=1)
+    out["then"] = [str(w.message) for w in caught if issubclass(w.category, FastinitCacheWarning)]
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_setup_replans_and_replaces_a_plan_that_does_not_fit(tmp_path: Path) -> None:
+    from fastinit.testing.dist import run_ranks
+
+    results = run_ranks(_foreign_entries, 2, args=(str(tmp_path / "c"),), timeout=500)
+    for rank, out in enumerate(results):
+        # before: every rank raised PlanMismatchError, on every restart, until the file was deleted
+        assert out["another model"] == 1 and out["a rank outside the world"] == 1, (rank, out)
+        assert out["then"] == [], (rank, out)

@@ -421,6 +421,13 @@ def _plan_from_cache_or_planner(
         if cached is not None:
             local.record.flags |= protocol.FROM_CACHE
             return cached
+        if env.rank == 0:  # which planner input differs from the plans made ahead, if any
+            from fastinit.sharding.provenance import log_miss
+
+            try:
+                log_miss(cache_dir, module, key, log=logger)
+            except Exception as e:  # a diagnostic only: never fails a start-up
+                logger.debug("fastinit plan cache: could not explain the miss: %s", e)
     if env.rank != 0:
         return None
     with trace.span("fastinit.plan"):

@@ -211,8 +211,26 @@ def run_suite(
     return result
 
 
+def _fastinit_revision() -> str:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return proc.stdout.strip() or "unknown"
+
+
 def _summary(results: dict[str, SuiteResult], src: Path) -> str:
-    lines = [f"# TorchRec model-parallel suite, stock vs fastinit.setup ({src})", ""]
+    lines = [
+        f"# TorchRec model-parallel suite, stock vs fastinit.setup ({src})",
+        "",
+        f"fastinit at {_fastinit_revision()}",
+        "",
+    ]
     for mode, r in results.items():
         lines.append(
             f"- **{mode}**: {r.counts()} in {r.seconds:.0f} s (torchrec: {r.torchrec})"

@@ -483,24 +483,37 @@ def test_bound_device_uses_one_split_per_grouping(
     assert all(c["parent_pg"] is world for c in calls)
 
 
-def test_other_torchrec_version_falls_back_to_stock(
+def test_missing_torchrec_names_fall_back_to_stock(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The private names touched are pinned: on another torchrec, nothing is created or installed
-    (TorchRec then makes its own groups, as stock), and a warning says why."""
+    """The private names touched are checked by capability: when one is missing, nothing is
+    created or installed (TorchRec then makes its own groups, as stock), and a warning names it.
+    A version string alone (a source build reads "unknown") does not decide."""
+    import torchrec
+
     import fastinit.pg as fpg
+    from fastinit import compat
     from fastinit.pg import _torchrec, registry
+
+    monkeypatch.setattr(torchrec, "__version__", "unknown")
+    assert _torchrec.unsupported_reason() is None
 
     def must_not_run(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("created groups for an unsupported torchrec")
 
-    monkeypatch.setattr(_torchrec, "torchrec_version", lambda: "9.9.9")
+    gone = "torchrec.distributed.comm:_INTRA_PG (a module attribute) is missing"
+    real_missing = compat.missing
+    monkeypatch.setattr(
+        compat,
+        "missing",
+        lambda component: [gone] if component == "pg" else real_missing(component),
+    )
     monkeypatch.setattr(registry, "node_groups", must_not_run)
     monkeypatch.setattr(_torchrec, "install_node_groups", must_not_run)
     plan = SimpleNamespace(plan={"m": {"t": SimpleNamespace(sharding_type="table_row_wise")}})
     with caplog.at_level("WARNING", logger="fastinit.pg.registry"):
         fpg.prepare_for_plan(plan)
-    assert "written against torchrec 1.8.0" in caplog.text and "9.9.9" in caplog.text
+    assert "_INTRA_PG" in caplog.text, caplog.text
     assert _torchrec.unsupported_reason() is not None
-    with pytest.raises(RuntimeError, match="9.9.9"):
+    with pytest.raises(RuntimeError, match="_INTRA_PG"):
         _torchrec.reset_node_groups()

@@ -1,8 +1,9 @@
 """Every touch of a private TorchRec name made by ``fastinit.pg``, in one place.
 
-Written against torchrec 1.8.0 (:data:`PG_TORCHREC_VERSION`). When TorchRec is upgraded, read the
-upstream source of the names below before bumping the pin; until then :func:`unsupported_reason`
-reports the mismatch and :func:`fastinit.pg.prepare_for_plan` falls back to TorchRec's own groups.
+Written against torchrec 1.8.0 (:data:`PG_TORCHREC_VERSION`). Whether the names below are there is
+decided by capability (``fastinit.compat.missing("pg")``); when one is missing,
+:func:`unsupported_reason` names it and :func:`fastinit.pg.prepare_for_plan` falls back to
+TorchRec's own groups. When TorchRec is upgraded, read the upstream source of the names below.
 
 Touches:
     torchrec.distributed.comm._INTRA_PG, _CROSS_PG: the module globals that
@@ -62,17 +63,16 @@ def torchrec_version() -> str:
 
 
 def unsupported_reason() -> str | None:
-    """Why fastinit cannot install its node groups into this TorchRec, or None if it can."""
-    version = torchrec_version()
-    if version != PG_TORCHREC_VERSION:
-        return (
-            f"fastinit.pg was written against torchrec {PG_TORCHREC_VERSION} "
-            f"(torchrec.distributed.comm._INTRA_PG/_CROSS_PG); torchrec {version} is installed"
-        )
-    comm = _comm()
-    missing = [name for name in _GLOBALS if not hasattr(comm, name)]
-    if missing or not hasattr(comm, "intra_and_cross_node_pg"):
-        return f"torchrec.distributed.comm lacks {missing or ['intra_and_cross_node_pg']}"
+    """Why fastinit cannot install its node groups into this TorchRec, or None if it can.
+
+    Decided by capability (:func:`fastinit.compat.missing`), not by the version string, so a
+    TorchRec source build whose version reads "unknown" works when the names are there.
+    """
+    from fastinit import compat
+
+    missing = compat.missing("pg")
+    if missing:
+        return "torchrec lacks what fastinit.pg needs: " + "; ".join(missing)
     return None
 
 

@@ -30,6 +30,7 @@ from torchrec.modules.embedding_configs import data_type_to_dtype
 
 from fastinit.seeding import seeded_generator_seed, seeded_init
 from fastinit.sharding import _torchrec_modules as _trc
+from fastinit.sharding import local as _local
 
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
@@ -101,6 +102,23 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
             return
         self._fastinit_reset(self._embedding_bag_configs, self.embedding_bags, dp_only=False)
 
+    @classmethod
+    def create_embedding_bag_sharding(
+        cls,
+        sharding_infos: list[Any],
+        env: Any,
+        device: torch.device | None = None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
+    ) -> Any:
+        # scale: row-wise and data-parallel shardings built for this rank only
+        fast = _local.embedding_bag_sharding(sharding_infos, env, device, qcomm_codecs_registry)
+        if fast is not None:
+            return fast
+        return super().create_embedding_bag_sharding(
+            sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+        )
+
 
 class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection):
     """``ShardedEmbeddingCollection`` with locally built ShardedTensor metadata."""
@@ -132,6 +150,25 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         if self._device and self._device.type == "meta":
             return
         self._fastinit_reset(self._embedding_configs, self.embeddings, dp_only=False)
+
+    @classmethod
+    def create_embedding_sharding(
+        cls,
+        sharding_type: str,
+        sharding_infos: list[Any],
+        env: Any,
+        device: torch.device | None = None,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
+    ) -> Any:
+        # scale: row-wise and data-parallel shardings built for this rank only
+        fast = _local.embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        )
+        if fast is not None:
+            return fast
+        return super().create_embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        )
 
 
 def _local_sharded_tensor(
@@ -173,7 +210,8 @@ def _construct(
     sharded = cls.__new__(cls)
     sharded._fastinit_seed = seed
     sharded._fastinit_fqn = module_fqn or ""
-    sharded.__init__(module_fqn=module_fqn, **kwargs)
+    with _local.construction():  # scale: ShardedTensors without O(ranks) work per shard
+        sharded.__init__(module_fqn=module_fqn, **kwargs)
     configs, params = tables
     sharded._fastinit_reset(getattr(sharded, configs), getattr(sharded, params, None), dp_only=True)
     return sharded

@@ -161,9 +161,10 @@ def normalize_pg(pg: Any) -> Any:
     return ShardedTensor._normalize_pg(pg)
 
 
-def validate_layout(shards: Any, size: list[int]) -> Any:
+def validate_layout(shards: Any, size: list[int], checks: bool = True) -> Any:
     """torch's layout checks of ``_init_from_local_shards_and_global_metadata`` (strided layout
-    aside): the inferred sharding spec, after the overlap and bounds checks."""
+    aside): the inferred sharding spec, after the overlap and bounds checks (``checks=False``:
+    done already, on the layout's rule)."""
     from torch.distributed._shard.sharding_spec import api as spec_api
     from torch.distributed._shard.sharding_spec._internals import (
         check_tensor,
@@ -171,8 +172,9 @@ def validate_layout(shards: Any, size: list[int]) -> Any:
     )
 
     spec = spec_api._infer_sharding_spec_from_shards_metadata(shards)
-    validate_non_overlapping_shards_metadata(shards)
-    check_tensor(shards, size)
+    if checks:
+        validate_non_overlapping_shards_metadata(shards)
+        check_tensor(shards, size)
     return spec
 
 

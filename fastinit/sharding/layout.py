@@ -364,20 +364,36 @@ class Expansions:
 
 
 def _expand(runs: Iterable[ShardRun], placements: dict[str, Any]) -> list[ShardMetadata]:
-    """Every shard of ``runs``; placements are shared through ``placements`` (string → object)."""
+    """Every shard of ``runs``; placements are shared through ``placements`` (string → object).
+
+    The runs are checked (:func:`check_runs`: non-negative offsets and sizes, equal lengths), so
+    the ``ShardMetadata`` are filled in directly rather than re-validated one by one."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed.remote_device import _remote_device
 
+    new = object.__new__
     out: list[ShardMetadata] = []
     append = out.append
     for run in runs:
         sizes = list(run.sizes)
+        offsets = list(run.offsets)
+        moving = [(d, s) for d, s in enumerate(run.step) if s]
         for j in range(run.count):
             text = run.placement_at(j)
             placement = placements.get(text)
             if placement is None:
                 placement = placements[text] = _remote_device(text)
-            append(ShardMetadata(run.offsets_at(j), list(sizes), placement))
+            md = new(ShardMetadata)
+            if moving:
+                here = offsets.copy()
+                for d, s in moving:
+                    here[d] += j * s
+                md.shard_offsets = here
+            else:
+                md.shard_offsets = offsets.copy()
+            md.shard_sizes = sizes.copy()
+            md.placement = placement
+            append(md)
     return out
 
 

@@ -421,7 +421,9 @@ def fast_sharded_tensor(
     spec = sharding_spec
     cached_spec = checked.specs.get(size_key) if checked is not None else None
     if cached_spec is None:
-        inferred = _trc.validate_layout(shards, list(sharded_tensor_metadata.size))
+        # A compact spec's layout was checked on its runs (overlap and bounds) for this size.
+        on_rule = isinstance(shards, SharedShards) and ("bounds", size_key) in shards.checked
+        inferred = _trc.validate_layout(shards, list(size_key), checks=not on_rule)
         if checked is not None:
             checked.specs[size_key] = inferred
         cached_spec = inferred
@@ -467,17 +469,50 @@ def is_sharded_tensor(value: Any) -> bool:
 # ---- the fused optimizer's state metadata, once per layout -------------------------------------
 
 
+def _new_shard_metadata(offsets: list[int], sizes: list[int], placement: Any) -> Any:
+    """A ``ShardMetadata`` of values taken from checked metadata (no re-validation)."""
+    from torch.distributed._shard.metadata import ShardMetadata
+
+    md = object.__new__(ShardMetadata)
+    md.shard_offsets = offsets
+    md.shard_sizes = sizes
+    md.placement = placement
+    return md
+
+
+class _StateLayout:
+    """One optimizer state's shard metadata for one table layout, and the table shard → state
+    shard correspondence (by identity, then by value as TorchRec's dict would)."""
+
+    __slots__ = ("ordered", "index", "shards", "size")
+
+    def __init__(self, ordered: list[Any], shards: list[Any], size: torch.Size) -> None:
+        self.ordered = ordered
+        self.index = {id(md): i for i, md in enumerate(ordered)}
+        self.shards = SharedShards(shards)
+        self.size = size
+
+    def of(self, md: Any) -> Any:
+        i = self.index.get(id(md))
+        if i is None or self.ordered[i] is not md:
+            matches = [k for k, x in enumerate(self.ordered) if x == md]
+            if not matches:
+                raise KeyError(md)
+            i = matches[-1]  # a dict keyed by value keeps the last of equal keys
+        return self.shards[i]
+
+
 def _optimizer_state_metadata(
     kind: str,
     table_global_metadata: ShardedTensorMetadata,
     optimizer_state: torch.Tensor,
     sharding_dim: int,
     is_grid_sharded: bool,
-) -> tuple[dict[Any, Any], ShardedTensorMetadata]:
+) -> tuple[_StateLayout, ShardedTensorMetadata]:
     """``EmbeddingFusedOptimizer``'s ``get_optimizer_{single_value,rowwise,pointwise}_shard_
-    metadata_and_global_metadata`` (torchrec 1.8.0), computed once per table layout: tables whose
-    global shard lists share a layout (:class:`SharedShards`) share the result's ShardMetadata."""
-    from torch.distributed._shard.metadata import ShardMetadata
+    metadata_and_global_metadata`` (torchrec 1.8.0), computed once per table layout (tables and
+    optimizers whose global shard lists share a :class:`SharedShards` layout share the result)
+    and without hashing every ``ShardMetadata``."""
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
     from torchrec.distributed.comm import get_node_group_size
 
@@ -494,19 +529,16 @@ def _optimizer_state_metadata(
         tuple(table_global_metadata.size),
     )
     checked = shards.checked if isinstance(shards, SharedShards) else None
-    got = checked.get(key) if checked is not None else None
+    got: _StateLayout | None = checked.get(key) if checked is not None else None
     if got is None:
-        mapping: dict[Any, Any] = {}
+        ordered = list(shards)
         if kind == "single":
-            for offset, md in enumerate(shards):
-                mapping[md] = ShardMetadata(
-                    shard_sizes=[1], shard_offsets=[offset], placement=md.placement
-                )
-            size = torch.Size([len(shards)])
+            states = [_new_shard_metadata([i], [1], md.placement) for i, md in enumerate(ordered)]
+            size = torch.Size([len(ordered)])
         elif kind == "rowwise":
-            ordered = list(shards)
             if sharding_dim == 1:
-                ordered = sorted(ordered, key=lambda s: s.shard_offsets[1])
+                ordered.sort(key=lambda s: s.shard_offsets[1])
+            states = []
             rolling = 0
             for idx, md in enumerate(ordered):
                 offset = md.shard_offsets[0]
@@ -515,32 +547,27 @@ def _optimizer_state_metadata(
                     rolling += md.shard_sizes[0]
                 elif sharding_dim == 1:
                     offset = idx * md.shard_sizes[0]
-                mapping[md] = ShardMetadata(
-                    shard_sizes=[md.shard_sizes[0]], shard_offsets=[offset], placement=md.placement
-                )
-            rw = len(mapping) if sharding_dim == 1 and not is_grid_sharded else 1
+                states.append(_new_shard_metadata([offset], [md.shard_sizes[0]], md.placement))
+            rw = len(ordered) if sharding_dim == 1 and not is_grid_sharded else 1
             size = torch.Size([table_global_metadata.size[0] * rw * grid_nodes])
         else:
-            for md in shards:
-                mapping[md] = ShardMetadata(
-                    shard_sizes=md.shard_sizes,
-                    shard_offsets=md.shard_offsets,
-                    placement=md.placement,
-                )
+            states = [
+                _new_shard_metadata(md.shard_offsets, md.shard_sizes, md.placement)
+                for md in ordered
+            ]
             size = table_global_metadata.size
-        got = (mapping, SharedShards(mapping.values()), size)
+        got = _StateLayout(ordered, states, size)
         if checked is not None:
             checked[key] = got
-    mapping, state_shards, size = got
     properties = TensorProperties(
         dtype=optimizer_state.dtype, layout=optimizer_state.layout, requires_grad=False
     )
     metadata = ShardedTensorMetadata(
-        shards_metadata=SharedShards(state_shards, state_shards.checked),
-        size=size,
+        shards_metadata=SharedShards(got.shards, got.shards.checked),
+        size=got.size,
         tensor_properties=properties,
     )
-    return mapping, metadata
+    return got, metadata
 
 
 def _make_fast_optimizer_class() -> type:
@@ -691,11 +718,11 @@ def _fused_optimizer_init(
                 kind = "rowwise"
             else:
                 kind = "pointwise"
-            mapping, metadata = _optimizer_state_metadata(
+            layout, metadata = _optimizer_state_metadata(
                 kind, table_config.global_metadata, optim_state, sharding_dim, is_grid
             )
             local_shards = [
-                Shard(s[momentum_idx - 1], mapping[md])
+                Shard(s[momentum_idx - 1], layout.of(md))
                 for s, md in zip(states, local_mds, strict=False)
             ]
             return ShardedTensor._init_from_local_shards_and_global_metadata(

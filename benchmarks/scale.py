@@ -208,16 +208,16 @@ def run(config: ScaleConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:
         for n in config.ranks:
             local = min(config.local_world_size, n)
-            for ebc_only in (False, True):
+            for ebc_only in (False, True) if n <= config.stock_max else (False,):
                 path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
                 _in_subprocess(
                     "write_plan",
                     (config.model, config.plan, n, local, ebc_only, path),
                     config.timeout_s,
                 )
-            jobs = [("fastinit", False, rows), ("fastinit", True, same)]
-            if n <= config.stock_max:
-                jobs.append(("stock", True, rows))
+            jobs = [("fastinit", False, rows)]
+            if n <= config.stock_max:  # stock, and fastinit on the same (EBC) part
+                jobs += [("fastinit", True, same), ("stock", True, rows)]
             for mode, ebc_only, into in jobs:
                 path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
                 got = _in_subprocess(

@@ -309,3 +309,44 @@ def test_fast_shardings_and_sharded_tensors_equal_stock_on_the_fake_backend() ->
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
         assert proc.returncode == 0 and lines, proc.stderr[-4000:]
         assert json.loads(lines[0][2:])["checked"] == 3
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+
+def test_fit_exponent_and_table() -> None:
+    from benchmarks.scale import fit_exponent, format_table
+
+    flat = [(n, 3.0) for n in (512, 1024, 4096, 8192)]
+    assert fit_exponent(flat, 512, 8192) == pytest.approx(0.0)
+    linear = [(n, n / 100) for n in (64, 512, 1024, 8192)]
+    assert fit_exponent(linear, 512, 8192) == pytest.approx(1.0)
+    assert fit_exponent([(64, 1.0)], 512, 8192) is None
+    row = {"world_size": 64, "mode": "fastinit", "setup_s": 1.0, "peak_rss_mb": 300.0}
+    text = format_table(
+        {
+            "model": "m",
+            "plan": "p",
+            "notes": "n",
+            "details": [dict(row, plan_bytes=10)],
+            "same_as_stock": [],
+            "errors": [],
+            "exponent_512_8192": None,
+        }
+    )
+    assert "| 64 | 1.00 | 300 | 10 |" in text
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick(tmp_path: Any) -> None:
+    from benchmarks.scale import main
+
+    result = main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert set(data) >= {"model", "rows"} and data["model"] == result["model"]
+    modes = {(r["world_size"], r["mode"]) for r in data["rows"]}
+    assert modes == {(16, "fastinit"), (64, "fastinit"), (16, "stock"), (64, "stock")}
+    for r in data["rows"]:
+        assert set(r) == {"world_size", "mode", "setup_s", "peak_rss_mb"}
+        assert r["setup_s"] > 0 and r["peak_rss_mb"] > 0
+    assert (tmp_path / "scale.png").stat().st_size > 0

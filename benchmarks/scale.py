@@ -81,13 +81,40 @@ def _model(name: str, ebc_only: bool) -> Any:
     return build_model(spec, device="meta")
 
 
+#: The sharding types TorchRec's EmbeddingCollection supports.
+EC_TYPES: tuple[str, ...] = ("table_wise", "row_wise", "column_wise", "data_parallel")
+
+
+def plan_types(module: Any, plan: str) -> dict[str, str]:
+    """Table name → sharding type: ``PLANS[plan]`` cycled over the EmbeddingBagCollection tables,
+    the types of it that an EmbeddingCollection supports cycled over its tables."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    kinds = PLANS[plan]
+    ec_kinds = [k for k in kinds if k in EC_TYPES]
+    out: dict[str, str] = {}
+    i = 0
+    for m in module.modules():
+        if isinstance(m, EmbeddingBagCollection):
+            for c in m.embedding_bag_configs():
+                out[c.name] = kinds[i % len(kinds)]
+                i += 1
+        elif isinstance(m, EmbeddingCollection):
+            for c in m.embedding_configs():
+                out[c.name] = ec_kinds[i % len(ec_kinds)]
+                i += 1
+    return out
+
+
 def write_plan(model: str, plan: str, n: int, local: int, ebc_only: bool, path: str) -> int:
     """Encode the plan for ``n`` ranks into ``path`` (what the planning rank sends)."""
     from fastinit.sharding.codec import encode_plan
     from fastinit.testing.models import build_plan
 
     module = _model(model, ebc_only)
-    data = encode_plan(build_plan(module, list(PLANS[plan]), world_size=n, local_world_size=local))
+    data = encode_plan(
+        build_plan(module, plan_types(module, plan), world_size=n, local_world_size=local)
+    )
     with open(path, "wb") as f:
         f.write(data)
     return len(data)

@@ -132,6 +132,19 @@ def _default_planner(env_world_size: int, device: torch.device) -> Any:
     )
 
 
+def _default_topology(env_world_size: int, device: torch.device) -> Any:
+    """The topology ``_default_planner`` plans for (without building a planner: TorchRec's method
+    logger formats the topology, O(ranks), on every planner construction)."""
+    from torchrec.distributed.comm import get_local_size
+    from torchrec.distributed.planner import Topology
+
+    return Topology(
+        local_world_size=get_local_size(env_world_size),
+        world_size=env_world_size,
+        compute_device=device.type,
+    )
+
+
 def _make_env(pg: Any, device: torch.device) -> Any:
     """A ``ShardingEnv`` on ``pg`` whose device mesh comes from the group itself."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -236,8 +249,11 @@ def setup(
         encoded: bytes | None = None
         cache = None
         try:
-            planner = planner or _default_planner(world_size, device)
-            topology, constraints = _trc.planner_inputs(planner)
+            if planner is None and plan is not None:  # scale: no planner (O(ranks)) for a plan
+                topology, constraints = _default_topology(world_size, device), None
+            else:
+                planner = planner or _default_planner(world_size, device)
+                topology, constraints = _trc.planner_inputs(planner)
             with trace.span("fastinit.fingerprint"):
                 fingerprint = planner_fingerprint(
                     module, all_sharders, topology, constraints=constraints, planner=planner

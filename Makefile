@@ -20,7 +20,7 @@ CACHE ?= cold
 NPROC ?= 2
 BENCH_ARGS ?=
 
-.PHONY: test bench ttfb projection baseline micro lint env clean gpu-check
+.PHONY: test bench ttfb projection scale baseline micro lint env clean gpu-check peer
 
 $(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ ttfb: $(STAMP)
 # Start-up communication and local work projected to 8..4,096 ranks (about 10 minutes).
 projection: $(STAMP)
 	$(PY) -m benchmarks.projection
+
+# Per-rank setup seconds and peak RSS, stock vs fastinit, 64..8,192 ranks on the fake backend:
+# benchmarks/results/scale/{scale.json,scale.md,scale.png}. SCALE_ARGS="--quick" for a smoke run.
+SCALE_ARGS ?=
+scale: $(STAMP)
+	$(PY) -m benchmarks.scale $(SCALE_ARGS)
 
 # Stock TorchRec's start-up, per phase (counts and times).
 baseline: $(STAMP)

@@ -5,7 +5,7 @@ encoding must be small, deterministic (the same plan is the same bytes on every 
 process) and safe to decode from untrusted bytes: decoding parses JSON and constructs only the
 types named in an explicit allowlist; it never imports or calls anything named in the data.
 
-Format (version 1)::
+Format (version 2; version 1 is still read)::
 
     b"FIPLAN\\0" + uint16 big-endian format version + canonical JSON (UTF-8)
 
@@ -18,7 +18,13 @@ name (``sort_keys``), with fixed separators. Values are tagged where JSON alone 
 * ``{"$e": "<allowlisted enum>", "$v": "<member name>"}``;
 * ``{"$t": "remote_device", "$s": "rank:0/cpu"}``: a shard placement;
 * ``{"$tuple": [...]}``, ``{"$frozenset": [...]}`` (items in canonical order);
-* ``{"$float": "nan" | "inf" | "-inf"}``.
+* ``{"$float": "nan" | "inf" | "-inf"}``;
+* ``{"$range": [start, stop, step]}``: a list of 4 or more ints in arithmetic progression (the
+  ``ranks`` of a row-wise or data-parallel table), so that it does not grow with the world size;
+* an ``EnumerableShardingSpec``'s ``shards`` as ``{"$runs": [run, ...]}``: its canonical
+  :class:`~fastinit.sharding.layout.ShardRun` s (a few per table for row-wise, table-row-wise,
+  column and grid layouts at any world size). It decodes to a
+  ``CompactShardingSpec``, which builds its ``ShardMetadata`` only when they are asked for.
 
 Example::
 
@@ -57,7 +63,10 @@ __all__ = [
 #: The first bytes of every encoded plan.
 MAGIC = b"FIPLAN\x00"
 #: The format version written after the magic; decoding any other version fails.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+#: Longest list a ``$range`` or a shard run may stand for (a corrupt count must not exhaust memory).
+_MAX_EXPANSION = 1 << 24
 _HEADER = struct.Struct(">H")
 _HEADER_LEN = len(MAGIC) + _HEADER.size
 _EMBEDDING_PLAN = "EmbeddingModuleShardingPlan"
@@ -87,6 +96,8 @@ class _Registry:
     placement: type
     """The type of ``ShardMetadata.placement`` (torch's ``_remote_device``), found through the
     public constructor rather than by its private name."""
+    spec: type
+    """``EnumerableShardingSpec`` (its compact subclass is encoded the same way)."""
 
 
 @functools.cache
@@ -149,7 +160,14 @@ def _registry() -> _Registry:
     names: dict[type, str] = {cls: name for name, cls in objects.items()}
     names.update({cls: name for name, cls in enums.items()})
     placement = type(ShardMetadata([0], [1], "rank:0/cpu").placement)
-    return _Registry(objects=objects, enums=enums, names=names, hints=hints, placement=placement)
+    return _Registry(
+        objects=objects,
+        enums=enums,
+        names=names,
+        hints=hints,
+        placement=placement,
+        spec=EnumerableShardingSpec,
+    )
 
 
 @functools.cache
@@ -166,6 +184,42 @@ def _canonical_json(obj: Any) -> str:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
+
+
+def _is_range(value: list[Any]) -> bool:
+    if len(value) < 4 or set(map(type, value)) != {int}:
+        return False
+    step = value[1] - value[0]
+    return step != 0 and value == list(range(value[0], value[-1] + step, step))
+
+
+def _encode_spec(value: Any, where: str) -> Any:
+    from torch.distributed._shard.metadata import ShardMetadata
+
+    from fastinit.sharding import layout
+
+    if isinstance(value, layout.compact_class()):
+        runs = value.current_runs()
+    else:
+        shards = value.shards
+        if not isinstance(shards, list) or not shards:
+            raise PlanEncodeError(f"{where}.shards: expected a non-empty list of ShardMetadata")
+        for i, shard in enumerate(shards):
+            if type(shard) is not ShardMetadata:
+                raise PlanEncodeError(
+                    f"{where}.shards[{i}]: expected ShardMetadata, got {type(shard).__qualname__}"
+                )
+            if not all(type(v) is int for v in (*shard.shard_offsets, *shard.shard_sizes)):
+                raise PlanEncodeError(f"{where}.shards[{i}]: offsets and sizes must be ints")
+            if shard.placement is not None and not isinstance(
+                shard.placement, _registry().placement
+            ):
+                raise PlanEncodeError(f"{where}.shards[{i}].placement: not a remote device")
+        runs = layout.runs_of(shards)
+    return {
+        "$t": "EnumerableShardingSpec",
+        "$f": {"shards": {"$runs": [r.to_json() for r in runs]}},
+    }
 
 
 def _encode_value(value: Any, where: str) -> Any:
@@ -188,11 +242,15 @@ def _encode_value(value: Any, where: str) -> Any:
     if isinstance(value, reg.placement):
         return {"$t": _REMOTE_DEVICE, "$s": str(value)}
     name = reg.names.get(type(value))
+    if name == "EnumerableShardingSpec" or (name is None and isinstance(value, reg.spec)):
+        return _encode_spec(value, where)
     if name is not None:
         cls: type = value.__class__
         fields = {f: _encode_value(getattr(value, f), f"{where}.{f}") for f in _field_names(cls)}
         return {"$t": name, "$f": fields}
     if isinstance(value, list):
+        if _is_range(value):
+            return {"$range": [value[0], value[-1] + value[1] - value[0], value[1] - value[0]]}
         return [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, tuple) and type(value) is tuple:
         return {"$tuple": [_encode_value(v, f"{where}[{i}]") for i, v in enumerate(value)]}
@@ -322,8 +380,10 @@ def _compile_hint(hint: Any) -> Callable[[Any], bool]:
 
 
 class _Decoder:
-    def __init__(self) -> None:
+    def __init__(self, version: int = FORMAT_VERSION) -> None:
         self.reg = _registry()
+        self.version = version
+        self.expansions: Any = None  # placement and ShardMetadata objects shared by the specs
 
     def value(self, obj: Any, where: str) -> Any:
         if obj is None or isinstance(obj, bool | int | str):
@@ -332,6 +392,8 @@ class _Decoder:
             return obj
         if isinstance(obj, list):
             if all(type(v) is int for v in obj):  # offsets, sizes, ranks: nothing to decode
+                if self.version >= 2 and _is_range(obj):
+                    raise _fail(where, "an int progression must be written as $range")
                 return list(obj)
             return [self.value(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         if not isinstance(obj, dict):  # pragma: no cover - json gives nothing else
@@ -348,6 +410,8 @@ class _Decoder:
                 return frozenset(items)
             except TypeError as e:
                 raise _fail(where, f"unhashable frozenset item ({e})") from None
+        if keys == {"$range"} and self.version >= 2:
+            return self.range(obj["$range"], where)
         if keys == {"$float"}:
             text = obj["$float"]
             if text not in ("nan", "inf", "-inf"):
@@ -365,6 +429,38 @@ class _Decoder:
         if keys == {"$t", "$f"}:
             return self.object(obj["$t"], obj["$f"], where)
         raise _fail(where, f"unexpected object with keys {sorted(map(str, keys))}")
+
+    def range(self, args: Any, where: str) -> list[int]:
+        if not (isinstance(args, list) and len(args) == 3 and all(type(v) is int for v in args)):
+            raise _fail(where, f"$range holds [start, stop, step] ints, got {args!r:.80}")
+        start, stop, step = args
+        if step == 0:
+            raise _fail(where, "$range step 0")
+        n = len(range(start, stop, step))
+        if n < 4 or n > _MAX_EXPANSION or start + n * step != stop:
+            raise _fail(where, f"$range {args} is not canonical (4 to {_MAX_EXPANSION} items)")
+        return list(range(start, stop, step))
+
+    def spec(self, fields: Any, where: str) -> Any:
+        from fastinit.sharding import layout
+
+        if self.version < 2:
+            return None
+        if not (isinstance(fields, dict) and set(fields) == {"shards"}):
+            raise _fail(where, "EnumerableShardingSpec holds exactly its shards")
+        raw = fields["shards"]
+        if not (isinstance(raw, dict) and set(raw) == {"$runs"} and isinstance(raw["$runs"], list)):
+            raise _fail(f"{where}.shards", 'expected {"$runs": [...]}')
+        try:
+            runs = [layout.ShardRun.from_json(r) for r in raw["$runs"]]
+            if sum(r.count for r in runs) > _MAX_EXPANSION:
+                raise layout.LayoutError(f"more than {_MAX_EXPANSION} shards")
+            layout.check_runs(runs)
+        except layout.LayoutError as e:
+            raise _fail(f"{where}.shards", str(e)) from None
+        if self.expansions is None:
+            self.expansions = layout.Expansions()
+        return layout.compact_spec(runs, self.expansions)
 
     def list(self, obj: dict[str, Any], key: str, where: str) -> list[Any]:
         items = obj[key]
@@ -386,6 +482,10 @@ class _Decoder:
             raise _fail(where, f"type {name!r} is not in the codec's allowlist")
         if not isinstance(fields, dict):
             raise _fail(where, f"the fields of {name} must be an object")
+        if name == "EnumerableShardingSpec":
+            spec = self.spec(fields, where)
+            if spec is not None:
+                return spec
         known = _field_names(cls)
         unknown = sorted(set(fields) - set(known))
         if unknown:
@@ -395,7 +495,9 @@ class _Decoder:
         for field, raw in fields.items():
             value = self.value(raw, f"{where}.{field}")
             hint = hints.get(field, Any)
-            if not _matches(value, hint):
+            # a $range is a list of ints by construction: check the hint on its first items
+            sample = value[:2] if isinstance(raw, dict) and "$range" in raw else value
+            if not _matches(sample, hint):
                 raise _fail(
                     f"{where}.{field}",
                     f"expected {_type_name(hint)}, got {type(value).__name__} {value!r:.80}",
@@ -461,10 +563,10 @@ def decode_plan(data: bytes) -> ShardingPlan:
             f"not a fastinit plan (wrong magic {data[: len(MAGIC)]!r}, expected {MAGIC!r})"
         )
     (version,) = _HEADER.unpack_from(data, len(MAGIC))
-    if version != FORMAT_VERSION:
+    if version not in _READABLE_VERSIONS:
         raise PlanDecodeError(
-            f"plan format version {version} is not supported (this fastinit reads version "
-            f"{FORMAT_VERSION})"
+            f"plan format version {version} is not supported (this fastinit reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))})"
         )
     try:
         root = json.loads(data[_HEADER_LEN:].decode("utf-8"), parse_constant=_no_constant)
@@ -476,7 +578,7 @@ def decode_plan(data: bytes) -> ShardingPlan:
         ) from None
     if not (isinstance(root, dict) and set(root) == {"plan"} and isinstance(root["plan"], list)):
         raise PlanDecodeError('malformed plan: the body must be {"plan": [...]}')
-    decoder = _Decoder()
+    decoder = _Decoder(version)
     modules: dict[str, Any] = {}
     try:
         for i, item in enumerate(root["plan"]):

@@ -33,6 +33,7 @@ from torchrec.modules.embedding_configs import data_type_to_dtype
 
 from fastinit import seeding
 from fastinit.sharding import _torchrec_modules as _trc
+from fastinit.sharding import local as _local
 
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
@@ -109,6 +110,23 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
             if isinstance(sharding, DpPooledEmbeddingSharding):
                 self._lookups[i] = _ddp_without_init_sync(lookup, self._env, self._device)
 
+    @classmethod
+    def create_embedding_bag_sharding(
+        cls,
+        sharding_infos: list[Any],
+        env: Any,
+        device: torch.device | None = None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
+    ) -> Any:
+        # scale: row-wise and data-parallel shardings built for this rank only
+        fast = _local.embedding_bag_sharding(sharding_infos, env, device, qcomm_codecs_registry)
+        if fast is not None:
+            return fast
+        return super().create_embedding_bag_sharding(
+            sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+        )
+
 
 class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection):
     """``ShardedEmbeddingCollection`` with locally built ShardedTensor metadata, sync-free
@@ -137,6 +155,25 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
             self._fastinit_building = building
         self.reset_parameters()
 
+    @classmethod
+    def create_embedding_sharding(
+        cls,
+        sharding_type: str,
+        sharding_infos: list[Any],
+        env: Any,
+        device: torch.device | None = None,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
+    ) -> Any:
+        # scale: row-wise and data-parallel shardings built for this rank only
+        fast = _local.embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        )
+        if fast is not None:
+            return fast
+        return super().create_embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        )
+
 
 def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> Any:
     """Build a fast sharded module: TorchRec's ``__init__`` under a scratch generator (its
@@ -147,7 +184,8 @@ def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> An
     sharded._fastinit_fqn = module_fqn or ""
     sharded._fastinit_building = True
     try:
-        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"):
+        # scale: ShardedTensors without O(ranks) work per shard
+        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"), _local.construction():
             sharded.__init__(module_fqn=module_fqn, **kwargs)
     finally:
         sharded._fastinit_building = False

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from fastinit.errors import PlanMismatchError
+from fastinit.sharding.layout import validate_compact
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ModuleSharder, ShardingPlan
@@ -166,6 +167,12 @@ def _check_table(table: str, shape: tuple[int, ...], ps: Any, world_size: int | 
             raise PlanMismatchError(
                 f"the plan's {ps.sharding_type} sharding of table {table!r} has no sharding_spec"
             )
+        return
+    if validate_compact(spec, shape, f"table {table!r}"):  # a compact spec: O(runs), not O(shards)
+        for run in spec.runs:
+            if run.rank is not None and run.count:
+                ends = (run.rank, run.rank_at(run.count - 1))
+                _check_ranks(f"a shard of table {table!r}", [min(ends), max(ends)], world_size)
         return
     shards = getattr(spec, "shards", None)
     if shards is None:

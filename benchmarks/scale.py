@@ -1,0 +1,388 @@
+"""Per-rank start-up work from 64 to 8,192 ranks: stock TorchRec against fastinit.
+
+    python -m benchmarks.scale [--ranks 64,256,1024,4096,8192] [--stock-max 1024] [--quick]
+
+One process is one rank (the last of N) on torch's fake process-group backend; each world size
+and mode runs in its own process. The rank receives the plan as bytes, as a real receiving rank
+would (fastinit's codec), then times:
+
+* ``fastinit``: ``fastinit.setup(module, plan=decoded plan, ...)`` — validation, digest, the
+  start-up exchange, process groups, the sharded model (DMP) from the compact plan.
+* ``stock``: ``DistributedModelParallel(module, plan=..., sharders=...)`` with the plan expanded to
+  TorchRec's own objects (what ``broadcast_object_list`` hands a stock rank). Stock cannot build an
+  ``EmbeddingCollection`` on the fake backend (its per-table ``all_gather_object`` gets no
+  answers), so stock runs on the model's ``EmbeddingBagCollection`` part only; fastinit is
+  measured on that same part too (``same_as_stock``) besides the whole model.
+
+Peak RSS is the process's ``ru_maxrss`` (imports included; ``rss_before_mb`` is the same before
+setup). Results: ``scale.json`` (schema ``{"model", "rows": [{"world_size", "mode", "setup_s",
+"peak_rss_mb"}]}``, read by ``benchmarks.projection``), ``scale.md`` and a log-log ``scale.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ScaleConfig", "measure_rank", "fit_exponent", "run", "format_table", "main"]
+
+RANKS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: Plans: the projection's mix, and every layout TorchRec has.
+PLANS: dict[str, tuple[str, ...]] = {
+    "mixed4": ("table_wise", "row_wise", "column_wise", "data_parallel"),
+    "all7": (
+        "table_wise",
+        "row_wise",
+        "column_wise",
+        "table_column_wise",
+        "table_row_wise",
+        "grid_shard",
+        "data_parallel",
+    ),
+}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ScaleConfig:
+    """One ``make scale`` run."""
+
+    model: str = "medium"
+    """A model of ``benchmarks.trainer.MODELS`` (medium: 192 EBC + 64 EC tables)."""
+    plan: str = "mixed4"
+    """A key of :data:`PLANS`."""
+    ranks: tuple[int, ...] = RANKS
+    """World sizes."""
+    stock_max: int = 1024
+    """Largest world size stock is run at (its O(shards × ranks) checks take minutes beyond)."""
+    local_world_size: int = 8
+    """Ranks per host."""
+    timeout_s: float = 1500.0
+    """Per measurement."""
+    out: str = "benchmarks/results/scale"
+    """Where scale.json/.md/.png go."""
+
+
+def _model(name: str, ebc_only: bool) -> Any:
+    from benchmarks.trainer import model_spec
+    from fastinit.testing.models import build_model
+
+    spec = model_spec(name)
+    if ebc_only:
+        spec = dataclasses.replace(spec, num_ec_tables=0)
+    return build_model(spec, device="meta")
+
+
+#: The sharding types TorchRec's EmbeddingCollection supports.
+EC_TYPES: tuple[str, ...] = ("table_wise", "row_wise", "column_wise", "data_parallel")
+
+
+def plan_types(module: Any, plan: str) -> dict[str, str]:
+    """Table name → sharding type: ``PLANS[plan]`` cycled over the EmbeddingBagCollection tables,
+    the types of it that an EmbeddingCollection supports cycled over its tables."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    kinds = PLANS[plan]
+    ec_kinds = [k for k in kinds if k in EC_TYPES]
+    out: dict[str, str] = {}
+    i = 0
+    for m in module.modules():
+        if isinstance(m, EmbeddingBagCollection):
+            for c in m.embedding_bag_configs():
+                out[c.name] = kinds[i % len(kinds)]
+                i += 1
+        elif isinstance(m, EmbeddingCollection):
+            for c in m.embedding_configs():
+                out[c.name] = ec_kinds[i % len(ec_kinds)]
+                i += 1
+    return out
+
+
+def write_plan(model: str, plan: str, n: int, local: int, ebc_only: bool, path: str) -> int:
+    """Encode the plan for ``n`` ranks into ``path`` (what the planning rank sends)."""
+    from fastinit.sharding.codec import encode_plan
+    from fastinit.testing.models import build_plan
+
+    module = _model(model, ebc_only)
+    data = encode_plan(
+        build_plan(module, plan_types(module, plan), world_size=n, local_world_size=local)
+    )
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def _rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure_rank(
+    model: str, n: int, local: int, mode: str, plan_path: str, ebc_only: bool
+) -> dict[str, Any]:
+    """Set up rank ``n - 1`` of ``n`` on the fake backend (run in a fresh process)."""
+    import logging
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed import fake_pg
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from benchmarks.trainer import _sharders
+    from fastinit.sharding.codec import decode_plan
+
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    os.environ.update(
+        {"LOCAL_WORLD_SIZE": str(local), "LOCAL_RANK": str((n - 1) % local), "RANK": str(n - 1)}
+    )
+    # TorchRec skips the sharded modules' state on a backend named "fake"; the same fake group
+    # under another name makes it build it (the part that could be O(tables x ranks)).
+    if "fakestate" not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            "fakestate", fake_pg._create_fake_pg, extended_api=True, devices=["cpu"]
+        )
+    dist.init_process_group("fakestate", store=FakeStore(), rank=n - 1, world_size=n)
+    module = _model(model, ebc_only)
+    with open(plan_path, "rb") as f:
+        data = f.read()
+    rss_before = _rss_mb()
+    t0 = time.perf_counter()
+    plan = decode_plan(data)
+    decode_s = time.perf_counter() - t0
+    device = torch.device("cpu")
+    if mode == "fastinit":
+        import fastinit
+
+        t = time.perf_counter()
+        fastinit.setup(module, device=device, plan=plan, sharders=_sharders(), seed=0)
+        setup_s = time.perf_counter() - t
+    else:
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        from fastinit.sharding import _torchrec_modules as _trc
+        from fastinit.sharding.layout import expanded_plan
+
+        plan = expanded_plan(plan)  # TorchRec's own objects, as broadcast_object_list gives
+        # init_collective_validation's broadcast_object_list gets no real answer on the fake
+        # backend (garbage sizes): configure it as rank 0 would have, outside the timing.
+        _trc.set_collective_validation(_trc.collective_validation_on_leader())
+        t = time.perf_counter()
+        DistributedModelParallel(module, device=device, plan=plan, sharders=_sharders())
+        setup_s = time.perf_counter() - t
+    return {
+        "world_size": n,
+        "mode": mode,
+        "setup_s": setup_s,
+        "peak_rss_mb": _rss_mb(),
+        "rss_before_mb": rss_before,
+        "decode_s": decode_s,
+        "plan_bytes": len(data),
+    }
+
+
+def _in_subprocess(fn: str, args: Sequence[Any], timeout: float) -> Any:
+    code = (
+        "import json, sys; from benchmarks import scale as s; "
+        f"print('@@' + json.dumps(s.{fn}(*json.loads(sys.argv[1]))))"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(list(args))],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=root,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@"):
+            return json.loads(line[2:])
+    return {"error": proc.stderr.strip().splitlines()[-1:] or ["no output"]}
+
+
+def fit_exponent(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float | None:
+    """Least-squares slope of log(seconds) on log(ranks) for ``lo <= ranks <= hi``."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if lo <= x <= hi and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    if not sxx:
+        return None
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def run(config: ScaleConfig) -> dict[str, Any]:
+    """Measure every (world size, mode) in its own process; write and return the results."""
+    rows: list[dict[str, Any]] = []
+    same: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:
+        for n in config.ranks:
+            local = min(config.local_world_size, n)
+            for ebc_only in (False, True) if n <= config.stock_max else (False,):
+                path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
+                _in_subprocess(
+                    "write_plan",
+                    (config.model, config.plan, n, local, ebc_only, path),
+                    config.timeout_s,
+                )
+            jobs = [("fastinit", False, rows)]
+            if n <= config.stock_max:  # stock, and fastinit on the same (EBC) part
+                jobs += [("fastinit", True, same), ("stock", True, rows)]
+            for mode, ebc_only, into in jobs:
+                path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
+                got = _in_subprocess(
+                    "measure_rank",
+                    (config.model, n, local, mode, path, ebc_only),
+                    config.timeout_s,
+                )
+                if "error" in got:
+                    errors.append({"world_size": n, "mode": mode, "error": got["error"]})
+                    print(f"{n:>6} {mode:<8} failed: {got['error']}", flush=True)
+                    continue
+                into.append(got)
+                part = "EBC part" if ebc_only else "whole model"
+                print(
+                    f"{n:>6} {mode:<8} {part:<11} setup {got['setup_s']:7.2f} s  "
+                    f"peak RSS {got['peak_rss_mb']:7.0f} MB  plan {got['plan_bytes']:>9} B",
+                    flush=True,
+                )
+    fast = [(r["world_size"], r["setup_s"]) for r in rows if r["mode"] == "fastinit"]
+    result = {
+        "model": config.model,
+        "plan": config.plan,
+        "rows": [{k: r[k] for k in ("world_size", "mode", "setup_s", "peak_rss_mb")} for r in rows],
+        "details": rows,
+        "same_as_stock": same,
+        "errors": errors,
+        "exponent_512_8192": fit_exponent(fast, 512, 8192),
+        "exponent_64_8192": fit_exponent(fast, 64, 8192),
+        "notes": (
+            "fake process-group backend, rank N-1 of N, one process per (N, mode); stock rows are "
+            "the model's EmbeddingBagCollection part (stock cannot build an EmbeddingCollection "
+            "on the fake backend), fastinit rows the whole model; same_as_stock: fastinit on "
+            "the EBC part. Machine: " + _machine()
+        ),
+    }
+    os.makedirs(config.out, exist_ok=True)
+    with open(os.path.join(config.out, "scale.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(config.out, "scale.md"), "w") as f:
+        f.write(format_table(result))
+    plot(result, os.path.join(config.out, "scale.png"))
+    return result
+
+
+def _machine() -> str:
+    try:
+        load = os.getloadavg()
+    except OSError:  # pragma: no cover
+        load = (float("nan"),) * 3
+    return (
+        f"{os.cpu_count()} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end"
+    )
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The results as Markdown."""
+    by: dict[int, dict[str, Any]] = {}
+    for r in result["details"]:
+        by.setdefault(r["world_size"], {})[r["mode"]] = r
+    for r in result["same_as_stock"]:
+        by.setdefault(r["world_size"], {})["same"] = r
+    lines = [
+        f"## Per-rank setup at scale ({result['model']} model, {result['plan']} plan)\n",
+        result["notes"] + "\n",
+        "| ranks | fastinit s | fastinit peak RSS MB | plan bytes | fastinit (EBC part) s "
+        "| stock (EBC part) s | stock peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
+        return format(r[key], fmt) if r else "—"
+
+    for n in sorted(by):
+        f, s, e = by[n].get("fastinit"), by[n].get("stock"), by[n].get("same")
+        lines.append(
+            f"| {n} | {cell(f, 'setup_s', '.2f')} | {cell(f, 'peak_rss_mb', '.0f')} "
+            f"| {cell(f, 'plan_bytes', 'd')} | {cell(e, 'setup_s', '.2f')} "
+            f"| {cell(s, 'setup_s', '.2f')} | {cell(s, 'peak_rss_mb', '.0f')} |"
+        )
+    for label, key in (("512 to 8,192", "exponent_512_8192"), ("64 to 8,192", "exponent_64_8192")):
+        k = result.get(key)
+        if k is not None:
+            lines.append(f"\nfastinit growth exponent (setup s ∝ ranks^k), {label}: k = {k:.3f}")
+    for err in result["errors"]:
+        lines.append(f"\n{err['mode']} at {err['world_size']} ranks: {err['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Log-log plot of per-rank setup seconds against ranks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = [
+        ([r for r in result["details"] if r["mode"] == "fastinit"], "fastinit (whole model)", "-o"),
+        (result["same_as_stock"], "fastinit (EBC part)", "--o"),
+        ([r for r in result["details"] if r["mode"] == "stock"], "stock (EBC part)", "-s"),
+    ]
+    for rows, label, style in series:
+        if rows:
+            ax.plot(
+                [r["world_size"] for r in rows], [r["setup_s"] for r in rows], style, label=label
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("ranks (world size)")
+    ax.set_ylabel("per-rank setup seconds (fake backend)")
+    ax.set_title(f"Per-rank setup, {result['model']} model, {result['plan']} plan")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="medium")
+    parser.add_argument("--plan", choices=sorted(PLANS), default="mixed4")
+    parser.add_argument("--ranks", default=",".join(map(str, RANKS)))
+    parser.add_argument("--stock-max", type=int, default=1024)
+    parser.add_argument("--out", default="benchmarks/results/scale")
+    parser.add_argument("--quick", action="store_true", help="small model, 16 and 64 ranks")
+    args = parser.parse_args(argv)
+    config = ScaleConfig(
+        model="small" if args.quick else args.model,
+        plan=args.plan,
+        ranks=(16, 64) if args.quick else tuple(int(x) for x in args.ranks.split(",")),
+        stock_max=args.stock_max,
+        out=args.out,
+    )
+    result = run(config)
+    print(format_table(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

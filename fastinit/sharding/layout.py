@@ -1,0 +1,622 @@
+"""Shard layouts as rules: a sharding spec whose size does not grow with the number of ranks.
+
+A row-wise table on N ranks has N shards, but they follow a rule: ranks ``r0, r0 + 1, ...``, a
+block of rows each, a remainder, then empty shards. :class:`ShardRun` is that rule for a stretch of
+consecutive shards (``count`` shards of the same sizes, offsets and rank advancing by a fixed step,
+the device either the same string or ``rank % modulus``); a spec is a short tuple of runs.
+Row-wise, table-row-wise, column blocks and grid shards are at most a few runs per table at any
+world size; an irregular layout is one run per shard, exactly as long as before.
+
+:func:`runs_of` finds the runs of a shard list (greedy, maximal, so the runs of a layout are
+unique: the codec writes them and the same shards are always the same bytes), and
+:class:`CompactShardingSpec` is an ``EnumerableShardingSpec`` that holds only the runs: its
+``shards`` are built on first use (then kept), and :meth:`CompactShardingSpec.shards_of_rank`
+gives one rank's shards without building the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed._shard.metadata import ShardMetadata
+
+__all__ = [
+    "ShardRun",
+    "compact_class",
+    "validate_compact",
+    "expanded_plan",
+    "SharedShards",
+    "Expansions",
+    "runs_of",
+    "compact_spec",
+    "check_runs",
+    "validate_runs",
+    "LayoutError",
+]
+
+_PLACEMENT = re.compile(r"^rank:(\d+)/(.+)$")
+_INDEXED = re.compile(r"^([a-z_]+):(\d+)$")
+
+
+class LayoutError(ValueError):
+    """Runs that do not describe a valid (or canonical) shard layout."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardRun:
+    """``count`` consecutive shards following one rule.
+
+    Shard ``j`` (``0 <= j < count``) has sizes ``sizes``, offsets ``offsets + j * step``, rank
+    ``rank + j * rank_step`` and placement ``rank:<rank>/<device>`` where, if ``modulus`` is 0,
+    ``device`` is the whole device string (``"cpu"``), else ``device`` is a device type and the
+    index is the shard's rank modulo ``modulus`` (``"cuda"`` → ``cuda:<rank % modulus>``).
+    A placement that names no rank (an RPC worker) is a run of one with ``rank`` None and
+    ``device`` the whole placement string.
+    """
+
+    count: int
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    step: tuple[int, ...]
+    rank: int | None
+    rank_step: int
+    device: str
+    modulus: int
+
+    def rank_at(self, j: int) -> int | None:
+        return None if self.rank is None else self.rank + j * self.rank_step
+
+    def placement_at(self, j: int) -> str:
+        if self.rank is None:
+            return self.device
+        r = self.rank + j * self.rank_step
+        if self.modulus:
+            return f"rank:{r}/{self.device}:{r % self.modulus}"
+        return f"rank:{r}/{self.device}"
+
+    def offsets_at(self, j: int) -> list[int]:
+        return [o + j * s for o, s in zip(self.offsets, self.step, strict=True)]
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.count,
+            list(self.sizes),
+            list(self.offsets),
+            list(self.step),
+            self.rank,
+            self.rank_step,
+            self.device,
+            self.modulus,
+        ]
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ShardRun:
+        if not (isinstance(obj, list) and len(obj) == 8):
+            raise LayoutError(f"a shard run is a list of 8 items, got {obj!r:.80}")
+        count, sizes, offsets, step, rank, rank_step, device, modulus = obj
+        ints = (count, rank_step, modulus)
+        if not all(type(v) is int for v in ints) or not (rank is None or type(rank) is int):
+            raise LayoutError(f"a shard run's count, ranks and modulus are ints: {obj!r:.80}")
+        vecs = (sizes, offsets, step)
+        if not all(isinstance(v, list) and all(type(x) is int for x in v) for v in vecs):
+            raise LayoutError(f"a shard run's sizes, offsets and step are int lists: {obj!r:.80}")
+        if not isinstance(device, str):
+            raise LayoutError(f"a shard run's device is a string: {obj!r:.80}")
+        return cls(
+            count, tuple(sizes), tuple(offsets), tuple(step), rank, rank_step, device, modulus
+        )
+
+
+# ---- finding the runs -----------------------------------------------------------------------------
+
+
+def _parse(placement: Any) -> tuple[int | None, str, str | None, int | None]:
+    """``(rank, device string, device type, device index)`` of a placement."""
+    text = str(placement)
+    m = _PLACEMENT.match(text)
+    if m is None:
+        return None, text, None, None
+    device = m.group(2)
+    d = _INDEXED.match(device)
+    if d is None:
+        return int(m.group(1)), device, None, None
+    return int(m.group(1)), device, d.group(1), int(d.group(2))
+
+
+def _spec_modulus(parsed: Sequence[tuple[int | None, str, str | None, int | None]]) -> int:
+    """One more than the largest device index of the spec (0 if none): the canonical modulus."""
+    top = -1
+    for _, _, _, index in parsed:
+        if index is not None and index > top:
+            top = index
+    return top + 1
+
+
+def _form(
+    p: tuple[int | None, str, str | None, int | None], modulus: int
+) -> tuple[str, int] | None:
+    """How a placement is written in a run: (device, modulus) or None for a rank-less one."""
+    rank, device, dtype, index = p
+    if rank is None:
+        return None
+    if dtype is not None and modulus and index == rank % modulus:
+        return dtype, modulus
+    return device, 0
+
+
+def runs_of(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...]:
+    """The canonical runs of ``shards``: greedy and maximal, in shard order.
+
+    A run starts at a shard and, if the next shard has the same sizes and the same placement form,
+    takes the offset and rank differences of those two as its steps and extends while every
+    further shard matches exactly.
+    """
+    parsed = [_parse(s.placement) for s in shards]
+    modulus = _spec_modulus(parsed)
+    forms = [_form(p, modulus) for p in parsed]
+    runs: list[ShardRun] = []
+    n = len(shards)
+    i = 0
+    while i < n:
+        a = shards[i]
+        sizes = tuple(a.shard_sizes)
+        offsets = tuple(a.shard_offsets)
+        form = forms[i]
+        if form is None:
+            runs.append(ShardRun(1, sizes, offsets, (0,) * len(sizes), None, 0, parsed[i][1], 0))
+            i += 1
+            continue
+        rank0 = parsed[i][0]
+        assert rank0 is not None
+        count = 1
+        step: tuple[int, ...] = (0,) * len(sizes)
+        rank_step = 0
+        if i + 1 < n and forms[i + 1] == form and tuple(shards[i + 1].shard_sizes) == sizes:
+            b = shards[i + 1]
+            step = tuple(y - x for x, y in zip(offsets, b.shard_offsets, strict=True))
+            rank_b = parsed[i + 1][0]
+            assert rank_b is not None
+            rank_step = rank_b - rank0
+            count = 2
+            while i + count < n:
+                c = shards[i + count]
+                if forms[i + count] != form or parsed[i + count][0] != rank0 + count * rank_step:
+                    break
+                if tuple(c.shard_sizes) != sizes:
+                    break
+                if any(
+                    o != o0 + count * s
+                    for o, o0, s in zip(c.shard_offsets, offsets, step, strict=True)
+                ):
+                    break
+                count += 1
+        runs.append(ShardRun(count, sizes, offsets, step, rank0, rank_step, form[0], form[1]))
+        i += count
+    return tuple(runs)
+
+
+def check_runs(runs: Sequence[ShardRun]) -> None:
+    """Raise :class:`LayoutError` unless ``runs`` are what :func:`runs_of` gives for their
+    shards (well formed, maximal, canonical modulus), in O(runs + modulus)."""
+    if not runs:
+        raise LayoutError("a sharding spec has at least one shard")
+    dims = len(runs[0].sizes)
+    top = -1
+    moduli = set()
+    for k, run in enumerate(runs):
+        if run.count < 1:
+            raise LayoutError(f"shard run {k} has count {run.count}")
+        if not (len(run.sizes) == len(run.offsets) == len(run.step) == dims):
+            raise LayoutError(f"shard run {k} has {len(run.sizes)} dims, expected {dims}")
+        if any(v < 0 for v in run.sizes) or any(v < 0 for v in run.offsets):
+            raise LayoutError(f"shard run {k} has a negative size or offset")
+        last = run.offsets_at(run.count - 1)
+        if any(v < 0 for v in last):
+            raise LayoutError(f"shard run {k} steps to a negative offset")
+        if run.rank is None:
+            if run.count != 1 or run.rank_step or run.modulus or any(run.step):
+                raise LayoutError(f"shard run {k} without a rank must be a single shard")
+            if _PLACEMENT.match(run.device):
+                raise LayoutError(f"shard run {k} names a rank in its placement")
+            continue
+        if run.rank < 0 or run.rank_at(run.count - 1) < 0:  # type: ignore[operator]
+            raise LayoutError(f"shard run {k} has a negative rank")
+        if run.count == 1 and (run.rank_step or any(run.step)):
+            raise LayoutError(f"shard run {k} of one shard has steps")
+        if run.modulus:
+            if run.modulus < 0 or not _INDEXED.match(f"{run.device}:0"):
+                raise LayoutError(f"shard run {k} has a bad indexed device {run.device!r}")
+            moduli.add(run.modulus)
+            span = min(run.count, run.modulus)
+            top = max(top, max(run.rank_at(j) % run.modulus for j in range(span)))  # type: ignore[operator]
+        else:
+            if ":" in run.device and _INDEXED.match(run.device) is None:
+                raise LayoutError(f"shard run {k} has a bad device {run.device!r}")
+            d = _INDEXED.match(run.device)
+            if d is not None:
+                top = max(top, int(d.group(2)))
+    modulus = top + 1
+    if moduli and moduli != {modulus}:
+        raise LayoutError(f"shard runs index devices modulo {sorted(moduli)}, expected {modulus}")
+    for k in range(len(runs) - 1):
+        a, b = runs[k], runs[k + 1]
+        if a.rank is None or b.rank is None:
+            continue
+        b_form = (b.device, b.modulus)
+        if b_form != (a.device, a.modulus) or b.sizes != a.sizes:
+            continue
+        if a.modulus == 0 and _indexed_could_be(a, modulus):
+            continue
+        if a.count == 1:
+            raise LayoutError(f"shard runs {k} and {k + 1} are one run (not canonical)")
+        if b.rank == a.rank_at(a.count) and list(b.offsets) == a.offsets_at(a.count):
+            raise LayoutError(f"shard runs {k} and {k + 1} are one run (not canonical)")
+    for k, run in enumerate(runs):
+        if run.modulus == 0 and run.rank is not None and _indexed_could_be(run, modulus):
+            raise LayoutError(f"shard run {k} writes an indexed device literally (not canonical)")
+
+
+def _indexed_could_be(run: ShardRun, modulus: int) -> bool:
+    """Whether a literal-device run's first shard would be written ``rank % modulus``."""
+    d = _INDEXED.match(run.device)
+    return bool(d and modulus and int(d.group(2)) == run.rank % modulus)  # type: ignore[operator]
+
+
+def validate_runs(runs: Sequence[ShardRun], shape: Sequence[int], where: str) -> None:
+    """Raise :class:`LayoutError` unless the shards of ``runs`` lie inside ``shape``, do not
+    overlap and cover it exactly; O(runs²) on the runs' bounding boxes, never per shard."""
+    dims = len(shape)
+    covered = 0
+    boxes: list[tuple[list[int], list[int]]] = []
+    for k, run in enumerate(runs):
+        if len(run.sizes) != dims:
+            raise LayoutError(f"{where}: shards have {len(run.sizes)} dims, the table {dims}")
+        last = run.offsets_at(run.count - 1)
+        ends = [o + s for o, s in zip(last, run.sizes, strict=True)]
+        starts = list(run.offsets)
+        if any(e > d for e, d in zip(ends, shape, strict=True)) or any(
+            o + s > d for o, s, d in zip(run.offsets, run.sizes, shape, strict=True)
+        ):
+            raise LayoutError(
+                f"{where}: shard run {k} ({run.count} shards of {list(run.sizes)} from "
+                f"{list(run.offsets)}) lies outside the table's shape {list(shape)}"
+            )
+        volume = math.prod(run.sizes)
+        covered += volume * run.count
+        if volume == 0:
+            continue
+        if run.count > 1 and not any(
+            abs(st) >= sz for st, sz in zip(run.step, run.sizes, strict=True)
+        ):
+            raise LayoutError(f"{where}: the shards of run {k} overlap one another")
+        lo = [min(a, b) for a, b in zip(starts, last, strict=True)]
+        hi = [max(a, b) + s for a, b, s in zip(starts, last, run.sizes, strict=True)]
+        boxes.append((lo, hi))
+    total = math.prod(shape)
+    if covered != total:
+        raise LayoutError(f"{where}: the shards cover {covered} of the table's {total} elements")
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            (alo, ahi), (blo, bhi) = boxes[i], boxes[j]
+            if all(a < d and c < b for a, b, c, d in zip(alo, ahi, blo, bhi, strict=True)):
+                # Bounding boxes meet (interleaved runs): coverage by volume already holds, so
+                # an overlap would leave a hole elsewhere; the exact check is done per shard.
+                _check_pairwise(runs, where)
+                return
+
+
+def _check_pairwise(runs: Sequence[ShardRun], where: str) -> None:
+    from torch.distributed._shard.sharding_spec._internals import (
+        validate_non_overlapping_shards_metadata,
+    )
+
+    try:
+        validate_non_overlapping_shards_metadata(_expand(runs, {}))
+    except ValueError as e:
+        raise LayoutError(f"{where}: {e}") from None
+
+
+# ---- the compact spec -------------------------------------------------------------------------------
+
+
+class SharedShards(list):
+    """A shard list whose ``ShardMetadata`` are shared with other lists of the same layout.
+
+    ``checked`` is shared too: what was established about the layout (checks, derived
+    metadata) is established once. A copy or deep copy shares both (``ShardMetadata`` are never
+    mutated after construction); it pickles as a plain list.
+    """
+
+    __slots__ = ("checked",)
+
+    def __init__(self, items: Any = (), checked: dict[Any, Any] | None = None) -> None:
+        super().__init__(items)
+        self.checked: dict[Any, Any] = checked if checked is not None else {}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SharedShards:
+        return SharedShards(self, self.checked)
+
+    def __copy__(self) -> SharedShards:
+        return SharedShards(self, self.checked)
+
+    def __reduce__(self) -> Any:
+        return (list, (list(self),))
+
+
+class Expansions:
+    """Shared by the specs of one decoded plan: one placement object per placement string and
+    one set of ``ShardMetadata`` per distinct layout."""
+
+    def __init__(self) -> None:
+        self.placements: dict[str, Any] = {}
+        self.layouts: dict[tuple[ShardRun, ...], SharedShards] = {}
+
+    def shards(self, runs: tuple[ShardRun, ...]) -> SharedShards:
+        base = self.layouts.get(runs)
+        if base is None:
+            base = self.layouts[runs] = SharedShards(_expand(runs, self.placements))
+        return SharedShards(base, base.checked)
+
+
+def _expand(runs: Iterable[ShardRun], placements: dict[str, Any]) -> list[ShardMetadata]:
+    """Every shard of ``runs``; placements are shared through ``placements`` (string → object).
+
+    The runs are checked (:func:`check_runs`: non-negative offsets and sizes, equal lengths), so
+    the ``ShardMetadata`` are filled in directly rather than re-validated one by one."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed.remote_device import _remote_device
+
+    new = object.__new__
+    out: list[ShardMetadata] = []
+    append = out.append
+    for run in runs:
+        sizes = list(run.sizes)
+        offsets = list(run.offsets)
+        moving = [(d, s) for d, s in enumerate(run.step) if s]
+        for j in range(run.count):
+            text = run.placement_at(j)
+            placement = placements.get(text)
+            if placement is None:
+                placement = placements[text] = _remote_device(text)
+            md = new(ShardMetadata)
+            if moving:
+                here = offsets.copy()
+                for d, s in moving:
+                    here[d] += j * s
+                md.shard_offsets = here
+            else:
+                md.shard_offsets = offsets.copy()
+            md.shard_sizes = sizes.copy()
+            md.placement = placement
+            append(md)
+    return out
+
+
+def _spec_base() -> Any:
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+    return EnumerableShardingSpec
+
+
+def _make_compact_class() -> type:
+    base = _spec_base()
+
+    class CompactShardingSpec(base):  # type: ignore[misc, valid-type]
+        """An ``EnumerableShardingSpec`` held as :class:`ShardRun` s.
+
+        ``shards`` is built on first use and then kept; it compares equal to the
+        ``EnumerableShardingSpec`` of the same shards. Pickles and deep-copies as its runs.
+        """
+
+        def __init__(self, runs: Sequence[ShardRun], expansions: Expansions | None = None):
+            self.__dict__["runs"] = tuple(runs)
+            self.__dict__["_shards"] = None
+            self.__dict__["_exp"] = expansions if expansions is not None else Expansions()
+            self.__dict__["_count"] = sum(r.count for r in self.runs)
+
+        @property
+        def _placements(self) -> dict[str, Any]:
+            return self.__dict__["_exp"].placements
+
+        def _get_shards(self) -> Any:
+            shards = self.__dict__["_shards"]
+            if shards is None:
+                shards = self.__dict__["_shards"] = self.__dict__["_exp"].shards(self.runs)
+            return shards
+
+        def unshare(self) -> None:
+            """Give this spec placement and ``ShardMetadata`` objects of its own (before code
+            that mutates them in place, such as TorchRec's meta-device placement rewrite)."""
+            self.__dict__["_exp"] = Expansions()
+            self.__dict__["_shards"] = None
+
+        def build_metadata(self, tensor_sizes: Any, tensor_properties: Any) -> Any:
+            """``EnumerableShardingSpec.build_metadata``, the bounds checked on the runs (O(runs)
+            instead of O(shards)) while the shards are as the runs describe them."""
+            from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata
+
+            if self.__dict__["_shards"] is not None and not isinstance(
+                self.__dict__["_shards"], SharedShards
+            ):
+                return base.build_metadata(self, tensor_sizes, tensor_properties)
+            shards = self.shards
+            key = ("bounds", tuple(tensor_sizes))
+            if key not in shards.checked:
+                try:
+                    validate_runs(self.runs, list(tensor_sizes), "shards")
+                except LayoutError:
+                    return base.build_metadata(
+                        self, tensor_sizes, tensor_properties
+                    )  # torch's error
+                shards.checked[key] = True
+            return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
+
+        def _set_shards(self, value: list[ShardMetadata]) -> None:
+            self.__dict__["runs"] = runs_of(value)
+            self.__dict__["_shards"] = list(value)
+            self.__dict__["_count"] = len(value)
+
+        shards = property(_get_shards, _set_shards)
+
+        @property
+        def expanded(self) -> bool:
+            """Whether ``shards`` has been built."""
+            return self.__dict__["_shards"] is not None
+
+        def current_runs(self) -> tuple[ShardRun, ...]:
+            """The runs of the shards as they are now (rescanned if ``shards`` was built and
+            could have been edited in place)."""
+            if self.__dict__["_shards"] is None:
+                return self.runs
+            return runs_of(self.__dict__["_shards"])
+
+        def num_shards(self) -> int:
+            return self.__dict__["_count"]
+
+        def shards_of_rank(self, rank: int) -> list[tuple[int, ShardMetadata]]:
+            """``(index in shards, ShardMetadata)`` of every shard on ``rank``, in O(runs)."""
+            from torch.distributed._shard.metadata import ShardMetadata
+
+            if self.__dict__["_shards"] is not None:
+                return [
+                    (i, s)
+                    for i, s in enumerate(self.__dict__["_shards"])
+                    if s.placement is not None and s.placement.rank() == rank
+                ]
+            out = []
+            base_index = 0
+            for run in self.runs:
+                js: Iterable[int] = ()
+                if run.rank is not None:
+                    if run.rank_step == 0:
+                        js = range(run.count) if run.rank == rank else ()
+                    else:
+                        q, rem = divmod(rank - run.rank, run.rank_step)
+                        js = (q,) if rem == 0 and 0 <= q < run.count else ()
+                for j in js:
+                    text = run.placement_at(j)
+                    placement = self._placements.get(text)
+                    if placement is None:
+                        from torch.distributed.remote_device import _remote_device
+
+                        placement = self._placements[text] = _remote_device(text)
+                    out.append(
+                        (
+                            base_index + j,
+                            ShardMetadata(run.offsets_at(j), list(run.sizes), placement),
+                        )
+                    )
+                base_index += run.count
+            return out
+
+        def shard_ranks(self) -> list[int | None]:
+            """The rank of every shard, in order (O(shards) ints, no ShardMetadata)."""
+            out: list[int | None] = []
+            for run in self.runs:
+                if run.rank is None:
+                    out.append(None)
+                elif run.rank_step == 0:
+                    out.extend([run.rank] * run.count)
+                else:
+                    out.extend(range(run.rank, run.rank + run.count * run.rank_step, run.rank_step))
+            return out
+
+        def __eq__(self, other: object) -> bool:
+            if isinstance(other, CompactShardingSpec):
+                return self.current_runs() == other.current_runs()
+            if isinstance(other, base):
+                return self.shards == other.shards
+            return NotImplemented
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def __repr__(self) -> str:
+            return f"CompactShardingSpec(runs={list(self.current_runs())!r})"
+
+        def __reduce__(self) -> Any:
+            return (_rebuild, (self.current_runs(),))
+
+        def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+            return type(self)(self.current_runs())
+
+        def __copy__(self) -> Any:
+            return type(self)(self.current_runs())
+
+    CompactShardingSpec.__qualname__ = "CompactShardingSpec"
+    return CompactShardingSpec
+
+
+_CLASS: Any = None
+
+
+def compact_class() -> Any:
+    """The :class:`CompactShardingSpec` class (built on first use: torch is imported then)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _make_compact_class()
+    return _CLASS
+
+
+def _rebuild(runs: tuple[ShardRun, ...]) -> Any:
+    return compact_class()(runs)
+
+
+def compact_spec(runs: Sequence[ShardRun], expansions: Expansions | None = None) -> Any:
+    """A :class:`CompactShardingSpec` of ``runs`` (``expansions`` shares placement and
+    ``ShardMetadata`` objects between the specs of one plan)."""
+    return compact_class()(runs, expansions)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CompactShardingSpec":
+        return compact_class()
+    raise AttributeError(name)
+
+
+def validate_compact(spec: Any, shape: Sequence[int], where: str) -> bool:
+    """For ``validate_plan``: if ``spec`` is a compact spec that has not been expanded, check it
+    against the table's ``shape`` in O(runs) and return True (raising
+    :class:`fastinit.errors.PlanMismatchError` if it does not fit); otherwise return False and
+    let the caller check the shards one by one."""
+    if _CLASS is None or not isinstance(spec, _CLASS) or spec.expanded:
+        return False
+    from fastinit.errors import PlanMismatchError
+
+    try:
+        validate_runs(spec.runs, shape, f"the plan's shards of {where}")
+    except LayoutError as e:
+        raise PlanMismatchError(str(e)) from None
+    return True
+
+
+def expanded_plan(plan: Any) -> Any:
+    """A copy of ``plan`` whose compact specs are TorchRec's own ``EnumerableShardingSpec`` of
+    freshly built ``ShardMetadata`` (nothing shared with ``plan`` or between tables): the plan a
+    stock rank would hold."""
+    import copy
+
+    from torch.distributed._shard.metadata import ShardMetadata
+
+    base = _spec_base()
+    modules = {}
+    for path, module_plan in plan.plan.items():
+        if not hasattr(module_plan, "items"):
+            modules[path] = copy.deepcopy(module_plan)
+            continue
+        out = type(module_plan)()
+        for name, ps in module_plan.items():
+            spec = ps.sharding_spec
+            if _CLASS is not None and isinstance(spec, _CLASS):
+                shards = [
+                    ShardMetadata(list(s.shard_offsets), list(s.shard_sizes), str(s.placement))
+                    for s in spec.shards
+                ]
+                ps = dataclasses.replace(ps, sharding_spec=base(shards))
+            out[name] = ps
+        modules[path] = out
+    return type(plan)(plan=modules)

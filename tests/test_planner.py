@@ -336,32 +336,48 @@ def test_fast_enumerator_estimates_match_stock() -> None:
         }
 
 
+def _search_parts(
+    planner: FastPlanner, module: torch.nn.Module, ws: int
+) -> tuple[list[Any], list[list[int]], Any]:
+    """The fast search's options, per-table option lists and ``_Search`` for ``module``."""
+    space = planner._enumerator.enumerate_compact(module, get_default_sharders())
+    storage = planner._storage_reservation.reserve(
+        topology=planner._topology,
+        batch_size=planner._batch_size,
+        module=module,
+        sharders=get_default_sharders(),
+    )
+    opts = [fast_planner_module._Opt(c) for c in space]
+    lists: dict[str, list[int]] = {}
+    for i, o in enumerate(opts):
+        lists.setdefault(o.fqn, []).append(i)
+    search = fast_planner_module._Search(opts, storage, ws, False, False)
+    return opts, list(lists.values()), search
+
+
 def test_lower_bound_never_exceeds_rating() -> None:
-    """The pruning bound is below the exact rating of every proposal (so pruning is safe)."""
+    """The pruning bounds (batch and streamed) are below the exact rating of every proposal."""
     module = ebc(bag_tables(10, fp16_every=2))
     for device, ws, lws in (("cuda", 16, 4), ("cpu", 8, 8)):
         planner = FastPlanner(
             topology=Topology(world_size=ws, local_world_size=lws, compute_device=device)
         )
-        search_space = planner._enumerator.enumerate(module, get_default_sharders())
-        storage = planner._storage_reservation.reserve(
-            topology=planner._topology,
-            batch_size=planner._batch_size,
-            module=module,
-            sharders=get_default_sharders(),
-        )
-        opts = [fast_planner_module._Opt(so) for so in search_space]
-        search = fast_planner_module._Search(opts, storage, ws, False, False)
-        replay = fast_planner_module._GreedyReplay(opts, GreedyProposer())
+        opts, lists, search = _search_parts(planner, module, ws)
+        stream = fast_planner_module._Stream(opts, len(lists), ws)
+        replay = fast_planner_module._GreedyReplay(opts, lists, GreedyProposer())
         checked = 0
-        proposal = replay.propose()
-        while proposal:
+        changes = replay.propose()
+        while changes is not None:
+            stream.apply(changes)
+            proposal = list(stream.cur)
             result = search.evaluate(proposal)
             if result is not None:
                 assert search.lower_bound(proposal) <= result[1] * (1 + 1e-12)
+                assert stream.bound() <= result[1] * (1 + 1e-12)
+                assert stream.bound() == pytest.approx(search.lower_bound(proposal), rel=1e-12)
                 checked += 1
             replay.feedback(result is not None, None)
-            proposal = replay.propose()
+            changes = replay.propose()
         assert checked > 10
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import types
 from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
@@ -776,6 +777,14 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             c.st, c.st_pos = _distinct(cast(list[tuple[int, int, int]], storages))
 
 
+def _may_carry_annotation(attr: Any) -> bool:
+    """``attr`` is callable and may carry an annotation attribute (see ``_with_cached_dir``)."""
+    if not callable(attr):
+        return False
+    func = attr.__func__ if isinstance(attr, types.MethodType) else attr
+    return not (isinstance(func, types.FunctionType) and not func.__dict__)
+
+
 def _with_cached_dir(config_cls: type) -> type:
     """A subclass of ``config_cls`` whose ``dir()`` lists only its public callables.
 
@@ -784,6 +793,11 @@ def _with_cached_dir(config_cls: type) -> type:
     starting with ``_`` and attributes that are not callable, and return the first match in
     ``dir`` order. Listing only the public callables (``dir`` still sorts them) finds the same
     method without re-reading every property each time. Name and module are the base's.
+
+    The scanners only ever return a method that carries the annotation they look for
+    (``getattr(method, "_is_...", False)``), and the annotation decorators set it as an attribute
+    of the function. A plain function with no attributes of its own (an empty ``__dict__``) can
+    carry none, so those are left out too: the scans then read the few annotated methods only.
     """
 
     def __dir__(self: Any) -> list[str]:
@@ -794,7 +808,7 @@ def _with_cached_dir(config_cls: type) -> type:
                 for n in cast(Any, config_cls).__dir__(self)
                 if not n.startswith("_")
                 and n != "coefficients"
-                and callable(getattr(self, n, None))
+                and _may_carry_annotation(getattr(self, n, None))
             ]
             self.__dict__["_fastinit_dir"] = names
         return list(names)

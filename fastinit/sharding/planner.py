@@ -131,6 +131,7 @@ class _Opt:
         "pf",
         "tot",
         "tot_sum",
+        "tot_exact",
         "tot_min",
         "tot_max",
         "total_storage",
@@ -183,7 +184,10 @@ class _Opt:
         # proposers._sharding_option_score: max([...]) / sum([...]) of the shards' perf totals
         self.score_depth = max(tot_d)
         self.score_sum = sum(tot)
-        self.tot_sum = math.fsum(tot)
+        # the exact sum (what math.fsum rounds), as an integer multiple of 2**-_EXACT_BITS
+        pf_counts = _counts(self.pf_pos, len(tot_d), n)
+        self.tot_exact = sum(k * _exact(t) for k, t in zip(pf_counts, tot_d))
+        self.tot_sum = self.tot_exact / (1 << _EXACT_BITS)
         self.tot_min = min(tot_d)
         self.tot_max = max(tot_d)
         counts = _counts(self.st_pos, len(st_d), n)
@@ -450,7 +454,7 @@ class _Stream:
         rng = np.random.default_rng(0x5EED)
         self._z = rng.integers(1, 1 << 62, size=len(opts), dtype=np.int64).tolist()
         self.h = 0
-        self._v_tot = [_exact(o.tot_sum) for o in opts]
+        self._v_tot = [o.tot_exact for o in opts]
         self._v_umin = [_exact(o.tot_min) if o.kind == _UNIFORM else 0 for o in opts]
         self._nu = [0.0 if o.kind == _UNIFORM else o.tot_max for o in opts]
         self._s_tot = 0
@@ -839,12 +843,20 @@ class _State:
 
 
 class _Hosts:
-    """``GreedyPerfPartitioner._cohost_partition``, with host sums kept up to date."""
+    """``GreedyPerfPartitioner._cohost_partition``, with host sums kept up to date.
+
+    The stock partitioner sorts the hosts by their summed ``perf.total`` for every group and tries
+    them in that order (a stable sort: ties by host index). Here the hosts sit in a heap keyed by
+    ``(sum, host index)``; only the hosts whose devices changed are re-keyed, and hosts are popped
+    in that order until one takes the group.
+    """
 
     def __init__(self, search: _Search, state: _State) -> None:
         self.search = search
         self.state = state
         self.sums: list[float] = [0.0] * len(search.hosts)
+        self.version: list[int] = [0] * len(search.hosts)
+        self.heap: list[tuple[float, int, int]] = []
         self.dirty: set[int] = set(range(len(search.hosts)))
 
     def touch(self, devices: list[int]) -> None:
@@ -862,70 +874,96 @@ class _Hosts:
             for j in hosts[h]:
                 perf += tot[j]
             self.sums[h] = perf
+            self.version[h] += 1
+            heapq.heappush(self.heap, (perf, h, self.version[h]))
         self.dirty.clear()
 
     def place_group(
         self, proposal: Sequence[int], positions: list[int], assigned: list[list[int] | None]
     ) -> bool:
-        search = self.search
-        opts = search.opts
-        state = self.state
+        opts = self.search.opts
         gh = gd = gx = 0
         for pos in positions:
             h, d, x = opts[proposal[pos]].total_storage
             gh, gd, gx = gh + h, gd + d, gx + x
         self._refresh()
-        sums = self.sums
-        for h_idx in sorted(range(len(sums)), key=sums.__getitem__):
-            devs = search.hosts[h_idx]
-            sh = sd = sx = 0
-            for j in devs:
-                sh, sd, sx = sh + state.hbm[j], sd + state.ddr[j], sx + state.ssd[j]
-            if not (gh <= sh and gd <= sd and gx <= sx):
-                continue
-            n_local = len(devs)
-            undo: list[tuple[Any, ...]] = []
-            heap: list[tuple[float, int, int, int]] | None = None
-            trial: dict[int, list[int]] = {}
-            success = True
-            for pos in positions:
-                o = opts[proposal[pos]]
-                if o.sharding_type == ShardingType.TABLE_ROW_WISE.value:
-                    if o.n != n_local:
-                        success = False
-                        break
-                    for k, j in enumerate(devs):
-                        nh, nd, ns = o.st[k]
-                        if not (nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]):
-                            success = False
-                            break
-                        state.apply(o, k, j, undo)
-                    if not success:
-                        break
-                    trial[pos] = [search.ranks[j] for j in devs]
-                    heap = None
-                elif o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
-                    if heap is None:
-                        heap = [
-                            (state.tot[j], search.ranks[j] % n_local, search.ranks[j], j)
-                            for j in devs
-                        ]
-                        heapq.heapify(heap)
-                    r = _device_place(o, heap, state, undo)
-                    if r is None:
-                        success = False
-                        break
-                    trial[pos] = [search.ranks[j] for j in r]
-                else:
+        heap, version = self.heap, self.version
+        popped: list[tuple[float, int, int]] = []
+        try:
+            while heap:
+                entry = heapq.heappop(heap)
+                if entry[2] != version[entry[1]]:
+                    continue  # a stale key: the host has a newer one
+                popped.append(entry)
+                if self._try_host(entry[1], proposal, positions, assigned, gh, gd, gx):
+                    return True
+            return False
+        finally:
+            for entry in popped:
+                heapq.heappush(heap, entry)
+
+    def _try_host(
+        self,
+        h_idx: int,
+        proposal: Sequence[int],
+        positions: list[int],
+        assigned: list[list[int] | None],
+        gh: int,
+        gd: int,
+        gx: int,
+    ) -> bool:
+        """Place the group on host ``h_idx`` if it fits (else leave every device as it was)."""
+        search = self.search
+        opts = search.opts
+        state = self.state
+        devs = search.hosts[h_idx]
+        sh = sd = sx = 0
+        for j in devs:
+            sh, sd, sx = sh + state.hbm[j], sd + state.ddr[j], sx + state.ssd[j]
+        if not (gh <= sh and gd <= sd and gx <= sx):
+            return False
+        n_local = len(devs)
+        undo: list[tuple[Any, ...]] = []
+        heap: list[tuple[float, int, int, int]] | None = None
+        trial: dict[int, list[int]] = {}
+        success = True
+        for pos in positions:
+            o = opts[proposal[pos]]
+            if o.sharding_type == ShardingType.TABLE_ROW_WISE.value:
+                if o.n != n_local:
                     success = False
                     break
-            if success:
-                for pos, r in trial.items():
-                    assigned[pos] = r
-                self.dirty.add(h_idx)
-                return True
-            for saved in reversed(undo):
-                state.restore(saved)
+                for k, j in enumerate(devs):
+                    nh, nd, ns = o.st[k]
+                    if not (nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]):
+                        success = False
+                        break
+                    state.apply(o, k, j, undo)
+                if not success:
+                    break
+                trial[pos] = [search.ranks[j] for j in devs]
+                heap = None
+            elif o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
+                if heap is None:
+                    heap = [
+                        (state.tot[j], search.ranks[j] % n_local, search.ranks[j], j) for j in devs
+                    ]
+                    heapq.heapify(heap)
+                r = _device_place(o, heap, state, undo)
+                if r is None:
+                    success = False
+                    break
+                trial[pos] = [search.ranks[j] for j in r]
+            else:
+                success = False
+                break
+        if success:
+            for pos, r in trial.items():
+                assigned[pos] = r
+            self.dirty.add(h_idx)
+            return True
+        for saved in reversed(undo):
+            state.restore(saved)
         return False
 
 

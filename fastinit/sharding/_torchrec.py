@@ -583,6 +583,36 @@ def _tensor_key(tensor: torch.Tensor) -> Hashable:
     )
 
 
+def _storage_key(kwargs: dict[str, Any]) -> Hashable | None:
+    """A hashable key of ``calculate_shard_storages``' arguments (None: some value is unhashable).
+
+    Values are compared by value, except ``sharder_data`` (by identity: one per sharder) and the
+    tensor (by type, shape, dtype and optimizer class). Lists of scalars, the common case, become
+    tuples directly; anything else goes through ``_freeze``.
+    """
+    parts: list[Any] = []
+    try:
+        for name, v in kwargs.items():
+            if name == "sharder_data":
+                parts.append(id(v))
+            elif name == "tensor":
+                parts.append(_tensor_key(v))
+            elif name == "shard_sizes":
+                parts.append(tuple(map(tuple, v)))
+            elif type(v) is list:
+                t: Hashable = tuple(v)
+                try:
+                    hash(t)
+                except TypeError:
+                    t = _freeze(v)
+                parts.append(t)
+            else:
+                parts.append(_freeze(v))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
 class MemoStorageEstimator(EmbeddingStorageEstimator):
     """``EmbeddingStorageEstimator`` (1.8.0) that memoises ``calculate_shard_storages``.
 
@@ -677,21 +707,7 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             "kv_cache_load_factor": kv_cache_load_factor,
             "use_virtual_table": use_virtual_table,
         }
-        try:
-            key: Hashable | None = tuple(
-                (
-                    (name, id(v))
-                    if name == "sharder_data"
-                    else (name, _tensor_key(v))
-                    if name == "tensor"
-                    else (name, tuple(map(tuple, v)))
-                    if name == "shard_sizes"
-                    else (name, _freeze(v))
-                )
-                for name, v in kwargs.items()
-            )
-        except TypeError:
-            key = None
+        key = _storage_key(kwargs)
         storages = memo.get(key) if key is not None else None
         if storages is not None:
             return storages

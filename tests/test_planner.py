@@ -133,6 +133,7 @@ def run_both(case: Case) -> tuple[Any, Any, FastPlanner]:
         except Exception as e:  # compared below: same type, same message
             results.append(e)
         planners.append(planner)
+    planners[0].stock_num_proposals = planners[1]._num_proposals  # type: ignore[attr-defined]
     return results[0], results[1], planners[0]
 
 
@@ -171,6 +172,32 @@ def _constrained_module() -> torch.nn.Module:
         name="t5", embedding_dim=32, num_embeddings=50_000, feature_names=["tf5", "tf5b"]
     )
     return ebc(tables)
+
+
+def _alike_tables(n: int) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name=f"a{i}", embedding_dim=32, num_embeddings=10_000, feature_names=[f"af{i}"]
+        )
+        for i in range(n)
+    ]
+
+
+def _big_table() -> EmbeddingBagConfig:
+    # 3e6 x 128 fp32 = 1.5 GB: with the other tables, more than a 2 GB rank holds on every rank
+    return EmbeddingBagConfig(
+        name="big", embedding_dim=128, num_embeddings=3_000_000, feature_names=["bigf"]
+    )
+
+
+def _one_type_each() -> dict[str, ParameterConstraints]:
+    types = [
+        ShardingType.DATA_PARALLEL.value,
+        ShardingType.TABLE_WISE.value,
+        ShardingType.COLUMN_WISE.value,
+        ShardingType.TABLE_COLUMN_WISE.value,
+    ]
+    return {f"t{i}": ParameterConstraints(sharding_types=[t]) for i, t in enumerate(types)}
 
 
 CASES = [
@@ -233,6 +260,60 @@ CASES = [
             "proposer": [GreedyProposer(threshold=3), GreedyProposer(use_depth=False)]
         },
     ),
+    Case(  # alike tables: equal scores, storages and ratings everywhere (tie-breaks)
+        "ties-alike-tables-cpu",
+        lambda: ebc(_alike_tables(24)),
+        8,
+        4,
+        "cpu",
+    ),
+    Case(  # one shard per option: both greedy proposers propose the same sequence (all repeats)
+        "ties-one-rank",
+        lambda: ebc(_alike_tables(12) + bag_tables(6)),
+        1,
+        1,
+        "cpu",
+    ),
+    Case(  # a table too big for a rank: every proposal placing it data parallel fails
+        "table-does-not-fit-cpu",
+        lambda: ebc(bag_tables(10, dims=(8, 16), min_exp=1) + [_big_table()]),
+        8,
+        4,
+        "cpu",
+        ddr_cap=2 * GB,
+    ),
+    Case(  # the same, proposal by proposal (every failure met in stock order)
+        "table-does-not-fit-cpu-timeout",
+        lambda: ebc(bag_tables(10, dims=(8, 16), min_exp=1) + [_big_table()]),
+        8,
+        4,
+        "cpu",
+        ddr_cap=2 * GB,
+        planner_kwargs=lambda: {"timeout_seconds": 600},
+    ),
+    Case(  # each sharding type the CPU planner proposes, forced on some table, and free ones
+        "every-cpu-sharding-type",
+        lambda: ebc(bag_tables(12, fp16_every=4)),
+        16,
+        4,
+        "cpu",
+        planner_kwargs=lambda: {"constraints": _one_type_each()},
+    ),
+    Case(  # row-wise shards of unequal sizes (uniform options that are not alike)
+        "row-wise-uneven-cpu",
+        lambda: ebc(bag_tables(6)),
+        24,
+        8,
+        "cpu",
+        planner_kwargs=lambda: {
+            "constraints": {
+                f"t{i}": ParameterConstraints(
+                    sharding_types=[ShardingType.ROW_WISE.value, ShardingType.TABLE_WISE.value]
+                )
+                for i in range(3)
+            }
+        },
+    ),
     Case(  # a timeout also selects the proposal-by-proposal search
         "timeout",
         lambda: ebc(bag_tables(20)),
@@ -252,6 +333,37 @@ def test_same_plan_as_stock(case: Case) -> None:
     assert planner.fallback_reason is None, planner.fallback_reason
     assert gc.isenabled()  # paused while planning only
     assert_same_plan(fast, stock)
+    # proposals counted as stock counts them: every distinct proposal once
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
+
+
+def test_every_cpu_sharding_type_is_planned() -> None:
+    """The forced-type case really plans each type the CPU planner proposes (same as stock)."""
+    case = next(c for c in CASES if c.name == "every-cpu-sharding-type")
+    fast, stock, _ = run_both(case)
+    assert_same_plan(fast, stock)
+    planned = {v["sharding_type"] for v in plan_to_plain(fast).values()}
+    assert planned >= {"data_parallel", "table_wise", "column_wise", "table_column_wise"}
+
+
+@pytest.mark.parametrize("timeout", [None, 600])
+def test_hash_collisions_do_not_merge_proposals(
+    monkeypatch: pytest.MonkeyPatch, timeout: int | None
+) -> None:
+    """Every proposal hashes alike: repeats are told apart by their vectors (same plan, count)."""
+
+    class Colliding(fast_planner_module._Stream):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._z = [7] * len(self._z)
+
+    monkeypatch.setattr(fast_planner_module, "_Stream", Colliding)
+    kwargs: dict[str, Any] = {"timeout_seconds": timeout} if timeout else {}
+    case = Case("collide", lambda: ebc(bag_tables(12)), 8, 4, "cpu", planner_kwargs=lambda: kwargs)
+    fast, stock, planner = run_both(case)
+    assert planner.fallback_reason is None
+    assert_same_plan(fast, stock)
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
 
 
 NO_FIT_CASES = [

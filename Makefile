@@ -60,8 +60,10 @@ projection: $(STAMP)
 baseline: $(STAMP)
 	$(PY) -m benchmarks.baseline
 
+# Micro-benchmarks (pytest-benchmark): codec, metadata, fingerprint, and the planner's hot paths at
+# 4,096 tables x 4,096 ranks (FASTINIT_MICRO_TABLES/RANKS to change the size). A few minutes.
 micro: $(STAMP)
-	$(PY) -m pytest benchmarks/micro --benchmark-only
+	$(PY) -m pytest benchmarks/micro --benchmark-only $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache

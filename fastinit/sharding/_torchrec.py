@@ -607,7 +607,11 @@ def _storage_key(kwargs: dict[str, Any]) -> Hashable | None:
                     t = _freeze(v)
                 parts.append(t)
             else:
-                parts.append(_freeze(v))
+                try:
+                    hash(v)
+                except TypeError:
+                    v = _freeze(v)
+                parts.append(v)
     except TypeError:
         return None
     return tuple(parts)

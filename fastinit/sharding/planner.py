@@ -185,13 +185,23 @@ class _Opt:
         self.score_depth = max(tot_d)
         self.score_sum = sum(tot)
         # the exact sum (what math.fsum rounds), as an integer multiple of 2**-_EXACT_BITS
-        pf_counts = _counts(self.pf_pos, len(tot_d), n)
-        self.tot_exact = sum(k * _exact(t) for k, t in zip(pf_counts, tot_d))
+        if self.pf_pos is None:
+            self.tot_exact = n * _exact(tot_d[0])
+        else:
+            pf_counts = _counts(self.pf_pos, len(tot_d), n)
+            self.tot_exact = sum(k * _exact(t) for k, t in zip(pf_counts, tot_d))
         self.tot_sum = self.tot_exact / (1 << _EXACT_BITS)
         self.tot_min = min(tot_d)
         self.tot_max = max(tot_d)
-        counts = _counts(self.st_pos, len(st_d), n)
-        self.total_storage = tuple(sum(k * s[a] for k, s in zip(counts, st_d)) for a in range(3))
+        if self.st_pos is None:
+            h, d, x = st_d[0]
+            self.total_storage = (n * h, n * d, n * x)
+        else:
+            counts = _counts(self.st_pos, len(st_d), n)
+            h = sum(k * s[0] for k, s in zip(counts, st_d))
+            d = sum(k * s[1] for k, s in zip(counts, st_d))
+            x = sum(k * s[2] for k, s in zip(counts, st_d))
+            self.total_storage = (h, d, x)
         # GreedyProposer.feedback: (max hbm, sum hbm, max ddr, sum ddr) over the shards
         self.greedy_key = (
             max(s[0] for s in st_d),

@@ -516,3 +516,26 @@ def test_same_plan_as_stock_larger(n_tables: int, world_size: int, device: str) 
     assert isinstance(stock, ShardingPlan), f"stock planner failed: {stock!r}"
     assert isinstance(fast, ShardingPlan), f"FastPlanner failed: {fast!r}"
     assert_same_plan(fast, stock)
+
+
+def test_sweep_fit_recovers_exponents() -> None:
+    """The sweep's growth fit (pure) finds the exponents of synthetic timings."""
+    from benchmarks.bench_planner import fit_growth, sweep_markdown
+
+    rows = [
+        {"tables": t, "world_size": w, "cpu_s": 0.5 * t**1.1 * w**0.2}
+        for t in (256, 1024, 4096)
+        for w in (8, 512, 4096)
+    ]
+    rows.append({"tables": 16384, "world_size": 4096, "cpu_s": None, "note": "not run"})
+    fit = fit_growth(rows)
+    assert fit["n"] == 9
+    assert fit["a"] == pytest.approx(0.5, rel=1e-9)
+    assert fit["b"] == pytest.approx(1.1, abs=1e-9)
+    assert fit["c"] == pytest.approx(0.2, abs=1e-9)
+    assert fit["per_w"][8] == pytest.approx(1.1, abs=1e-9)
+    assert fit["per_t"][1024] == pytest.approx(0.2, abs=1e-9)
+    for r in rows[:-1]:
+        r.update(wall_s=r["cpu_s"], peak_rss_mb=100.0, num_proposals=1, num_plans=1)
+    md = sweep_markdown(rows, {"cpu_s": fit}, {})
+    assert "T^1.10 x W^0.20" in md and "| 16384 | 4096 | not run" in md

@@ -14,13 +14,16 @@ from __future__ import annotations
 #       FastEnumerator), _extract_constraints_for_param, _get_tower_index, and the attributes
 #       _sharder_map, _sharder_data_map, _last_stored_{module,sharders,search_space}, _constraints,
 #       _compute_device, _world_size, _local_world_size, _device_memory_sizes, _batch_size,
-#       _use_exact_enumerate_order.
+#       _use_exact_enumerate_order; EmbeddingEnumerator._get_num_buckets (ported for
+#       EmbeddingBagCollection / EmbeddingCollection: embedding_bag_configs() / embedding_configs(),
+#       use_virtual_table, total_num_buckets; other modules call it), populate_estimates.
 #   torchrec.distributed.planner.estimator.estimator: EmbeddingPerfEstimator.estimate (ported, see
 #       MemoPerfEstimator), get_embedding_perf_sharding_evaluator, the factory's _registry, the
 #       estimator's _topology/_constraints/_config/_is_inference/_use_* attributes; the default
 #       config is instantiated from a subclass with a cached __dir__ (see _with_cached_dir), which
 #       relies on annotations._get_annotated_method/_get_coefficient_method scanning dir(config).
-#   torchrec.distributed.planner.estimator.types: ShardPerfContext.build_shard_perf_contexts.
+#   torchrec.distributed.planner.estimator.types: ShardPerfContext.build_shard_perf_contexts;
+#       HardwarePerfConfig.post_process_perfs (the described path needs the base, identity one).
 #   torchrec.distributed.planner.shard_estimators: EmbeddingStorageEstimator.estimate (ported, see
 #       MemoStorageEstimator), calculate_shard_storages, get_num_poolings.
 #   torchrec.distributed.planner.proposers: GreedyProposer._threshold,
@@ -32,7 +35,8 @@ from __future__ import annotations
 #       (only to build the same "no plan" message as the stock planner).
 #   torchrec.distributed.planner.perf_models: NoopPerfModel._topology.
 #   Dataclasses Shard, Storage, Perf, ShardingOption are built via object.__new__ + __dict__ (their
-#       1.8.0 fields, in declaration order).
+#       1.8.0 fields, in declaration order); a ShardingOption may hold shards=[] until
+#       CompactOption.materialise builds them.
 # =================================================================================================
 import copy
 import dataclasses

@@ -8,9 +8,12 @@ deep copies of the search space and of each new best plan.
 ``FastPlanner`` runs the same search and returns the same plan:
 
 * the same enumeration, with estimators that compute each distinct shard once
-  (``_torchrec.FastEnumerator``), so the search space holds the same numbers;
+  (``_torchrec.FastEnumerator``), so the search space holds the same numbers. Shards are
+  described, not built (``_torchrec.CompactOption``: a data-parallel option's ``W`` alike shards
+  are one size, one storage, one perf and a count); only the chosen options' shards are built;
 * the same proposers (grid search, the two greedy ones, uniform), replayed on indices, in the
-  same order, with the same proposal cache;
+  same order, with the same proposal cache. Proposals are streamed as the positions that change
+  (``_Stream``): hashing, de-duplication and rating bounds cost the changes, not the table count;
 * the same greedy partitioner, replayed on flat per-device arrays: uniform (data-parallel,
   row-wise) shards are placed with vector operations, table-wise and column-wise shards go to the
   least-loaded device that fits (what the stock min-heap walk computes), table-row-wise and
@@ -30,6 +33,8 @@ When the search finds no plan, the last failed proposal is partitioned once more
 partitioner to raise exactly the stock error. Settings the fast search does not replay (a custom
 partitioner, performance model or proposer, a plan loader, grid sharding, ...) make ``plan`` call
 the stock ``EmbeddingShardingPlanner.plan``: same plan, stock speed.
+
+The cost model (how each stage grows with tables, ranks and proposals) is in docs/planner.md.
 """
 
 from __future__ import annotations

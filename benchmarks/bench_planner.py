@@ -280,10 +280,14 @@ def sweep(tables: list[int], world_sizes: list[int], args: argparse.Namespace) -
     rows: list[dict[str, Any]] = []
     for t in tables:
         for w in world_sizes:
-            r = run_worker("fast", t, w, args.local_world_size, args.device, args.fast_cap)
             row: dict[str, Any] = {"tables": t, "world_size": w}
+            try:
+                r = run_worker("fast", t, w, args.local_world_size, args.device, args.fast_cap)
+            except subprocess.CalledProcessError as e:
+                r = None
+                row["note"] = f"failed (exit {e.returncode})"
             if r is None:
-                row["note"] = f"> {args.fast_cap:g} s cap"
+                row.setdefault("note", f"> {args.fast_cap:g} s cap")
             else:
                 row.update({k: v for k, v in r.items() if k != "plan"})
             rows.append(row)

@@ -8,6 +8,7 @@ Stock planning is slow, so stock-side cases stay small (the benchmark covers the
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import re
 import subprocess
@@ -539,3 +540,23 @@ def test_sweep_fit_recovers_exponents() -> None:
         r.update(wall_s=r["cpu_s"], peak_rss_mb=100.0, num_proposals=1, num_plans=1)
     md = sweep_markdown(rows, {"cpu_s": fit}, {})
     assert "T^1.10 x W^0.20" in md and "| 16384 | 4096 | not run" in md
+
+
+def test_grid_search_skipped_at_thousands_of_tables() -> None:
+    """Grid search is skipped (as stock skips it) even when its size has 10,000 digits."""
+    from types import SimpleNamespace
+
+    opts: Any = [SimpleNamespace(score_depth=0.0, score_sum=0.0)] * 40_000
+    lists = [[2 * f, 2 * f + 1] for f in range(20_000)]  # 2**20000 proposals
+    assert fast_planner_module._GridReplay(opts, lists, 10_000).propose() is None
+    small = fast_planner_module._GridReplay(opts, lists[:3], 10_000)
+    seen = []
+    changes = small.propose()
+    vec = [-1] * 3
+    while changes is not None:
+        for f, o in changes:
+            vec[f] = o
+        seen.append(tuple(vec))
+        small.feedback(True, None)
+        changes = small.propose()
+    assert seen == list(itertools.product(*lists[:3]))

@@ -46,6 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from functools import reduce
 from time import perf_counter
 from typing import Any, cast
@@ -322,9 +323,13 @@ class _GridReplay(_ProposerReplay):
         total = reduce(lambda a, b: a * b, (len(lst) for lst in self._lists), 1)
         self._next: _Changes | None = None
         if total > max_proposals:
+            # the stock message; a product of thousands of lengths has more digits than
+            # int -> str allows by default, hence Decimal (as stock does above 1e6)
+            shown = f"{Decimal(total):.2e}" if total > 1e6 else total
             logger.info(
-                "Skipping grid search proposer as there are too many proposals "
-                f"({total} > {max_proposals})."
+                "Skipping grid search proposer as there are too many proposals.\n"
+                f"Total proposals to search: {shown}\n"
+                f"Max proposals allowed: {max_proposals}\n"
             )
             return
         self._idx = [0] * len(self._lists)

@@ -69,8 +69,10 @@ scale: $(STAMP)
 baseline: $(STAMP)
 	$(PY) -m benchmarks.baseline
 
+# Micro-benchmarks (pytest-benchmark): codec, metadata, fingerprint, and the planner's hot paths at
+# 4,096 tables x 4,096 ranks (FASTINIT_MICRO_TABLES/RANKS to change the size). A few minutes.
 micro: $(STAMP)
-	$(PY) -m pytest benchmarks/micro --benchmark-only
+	$(PY) -m pytest benchmarks/micro --benchmark-only $(PYTEST_ARGS)
 
 # TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
 # fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree at the installed

@@ -8,6 +8,7 @@ Stock planning is slow, so stock-side cases stay small (the benchmark covers the
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import re
 import subprocess
@@ -133,6 +134,7 @@ def run_both(case: Case) -> tuple[Any, Any, FastPlanner]:
         except Exception as e:  # compared below: same type, same message
             results.append(e)
         planners.append(planner)
+    planners[0].stock_num_proposals = planners[1]._num_proposals  # type: ignore[attr-defined]
     return results[0], results[1], planners[0]
 
 
@@ -171,6 +173,32 @@ def _constrained_module() -> torch.nn.Module:
         name="t5", embedding_dim=32, num_embeddings=50_000, feature_names=["tf5", "tf5b"]
     )
     return ebc(tables)
+
+
+def _alike_tables(n: int) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(
+            name=f"a{i}", embedding_dim=32, num_embeddings=10_000, feature_names=[f"af{i}"]
+        )
+        for i in range(n)
+    ]
+
+
+def _big_table() -> EmbeddingBagConfig:
+    # 3e6 x 128 fp32 = 1.5 GB: with the other tables, more than a 2 GB rank holds on every rank
+    return EmbeddingBagConfig(
+        name="big", embedding_dim=128, num_embeddings=3_000_000, feature_names=["bigf"]
+    )
+
+
+def _one_type_each() -> dict[str, ParameterConstraints]:
+    types = [
+        ShardingType.DATA_PARALLEL.value,
+        ShardingType.TABLE_WISE.value,
+        ShardingType.COLUMN_WISE.value,
+        ShardingType.TABLE_COLUMN_WISE.value,
+    ]
+    return {f"t{i}": ParameterConstraints(sharding_types=[t]) for i, t in enumerate(types)}
 
 
 CASES = [
@@ -233,6 +261,60 @@ CASES = [
             "proposer": [GreedyProposer(threshold=3), GreedyProposer(use_depth=False)]
         },
     ),
+    Case(  # alike tables: equal scores, storages and ratings everywhere (tie-breaks)
+        "ties-alike-tables-cpu",
+        lambda: ebc(_alike_tables(24)),
+        8,
+        4,
+        "cpu",
+    ),
+    Case(  # one shard per option: both greedy proposers propose the same sequence (all repeats)
+        "ties-one-rank",
+        lambda: ebc(_alike_tables(12) + bag_tables(6)),
+        1,
+        1,
+        "cpu",
+    ),
+    Case(  # a table too big for a rank: every proposal placing it data parallel fails
+        "table-does-not-fit-cpu",
+        lambda: ebc(bag_tables(10, dims=(8, 16), min_exp=1) + [_big_table()]),
+        8,
+        4,
+        "cpu",
+        ddr_cap=2 * GB,
+    ),
+    Case(  # the same, proposal by proposal (every failure met in stock order)
+        "table-does-not-fit-cpu-timeout",
+        lambda: ebc(bag_tables(10, dims=(8, 16), min_exp=1) + [_big_table()]),
+        8,
+        4,
+        "cpu",
+        ddr_cap=2 * GB,
+        planner_kwargs=lambda: {"timeout_seconds": 600},
+    ),
+    Case(  # each sharding type the CPU planner proposes, forced on some table, and free ones
+        "every-cpu-sharding-type",
+        lambda: ebc(bag_tables(12, fp16_every=4)),
+        16,
+        4,
+        "cpu",
+        planner_kwargs=lambda: {"constraints": _one_type_each()},
+    ),
+    Case(  # row-wise shards of unequal sizes (uniform options that are not alike)
+        "row-wise-uneven-cpu",
+        lambda: ebc(bag_tables(6)),
+        24,
+        8,
+        "cpu",
+        planner_kwargs=lambda: {
+            "constraints": {
+                f"t{i}": ParameterConstraints(
+                    sharding_types=[ShardingType.ROW_WISE.value, ShardingType.TABLE_WISE.value]
+                )
+                for i in range(3)
+            }
+        },
+    ),
     Case(  # a timeout also selects the proposal-by-proposal search
         "timeout",
         lambda: ebc(bag_tables(20)),
@@ -252,6 +334,37 @@ def test_same_plan_as_stock(case: Case) -> None:
     assert planner.fallback_reason is None, planner.fallback_reason
     assert gc.isenabled()  # paused while planning only
     assert_same_plan(fast, stock)
+    # proposals counted as stock counts them: every distinct proposal once
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
+
+
+def test_every_cpu_sharding_type_is_planned() -> None:
+    """The forced-type case really plans each type the CPU planner proposes (same as stock)."""
+    case = next(c for c in CASES if c.name == "every-cpu-sharding-type")
+    fast, stock, _ = run_both(case)
+    assert_same_plan(fast, stock)
+    planned = {v["sharding_type"] for v in plan_to_plain(fast).values()}
+    assert planned >= {"data_parallel", "table_wise", "column_wise", "table_column_wise"}
+
+
+@pytest.mark.parametrize("timeout", [None, 600])
+def test_hash_collisions_do_not_merge_proposals(
+    monkeypatch: pytest.MonkeyPatch, timeout: int | None
+) -> None:
+    """Every proposal hashes alike: repeats are told apart by their vectors (same plan, count)."""
+
+    class Colliding(fast_planner_module._Stream):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._z = [7] * len(self._z)
+
+    monkeypatch.setattr(fast_planner_module, "_Stream", Colliding)
+    kwargs: dict[str, Any] = {"timeout_seconds": timeout} if timeout else {}
+    case = Case("collide", lambda: ebc(bag_tables(12)), 8, 4, "cpu", planner_kwargs=lambda: kwargs)
+    fast, stock, planner = run_both(case)
+    assert planner.fallback_reason is None
+    assert_same_plan(fast, stock)
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
 
 
 NO_FIT_CASES = [
@@ -336,32 +449,48 @@ def test_fast_enumerator_estimates_match_stock() -> None:
         }
 
 
+def _search_parts(
+    planner: FastPlanner, module: torch.nn.Module, ws: int
+) -> tuple[list[Any], list[list[int]], Any]:
+    """The fast search's options, per-table option lists and ``_Search`` for ``module``."""
+    space = planner._enumerator.enumerate_compact(module, get_default_sharders())
+    storage = planner._storage_reservation.reserve(
+        topology=planner._topology,
+        batch_size=planner._batch_size,
+        module=module,
+        sharders=get_default_sharders(),
+    )
+    opts = [fast_planner_module._Opt(c) for c in space]
+    lists: dict[str, list[int]] = {}
+    for i, o in enumerate(opts):
+        lists.setdefault(o.fqn, []).append(i)
+    search = fast_planner_module._Search(opts, storage, ws, False, False)
+    return opts, list(lists.values()), search
+
+
 def test_lower_bound_never_exceeds_rating() -> None:
-    """The pruning bound is below the exact rating of every proposal (so pruning is safe)."""
+    """The pruning bounds (batch and streamed) are below the exact rating of every proposal."""
     module = ebc(bag_tables(10, fp16_every=2))
     for device, ws, lws in (("cuda", 16, 4), ("cpu", 8, 8)):
         planner = FastPlanner(
             topology=Topology(world_size=ws, local_world_size=lws, compute_device=device)
         )
-        search_space = planner._enumerator.enumerate(module, get_default_sharders())
-        storage = planner._storage_reservation.reserve(
-            topology=planner._topology,
-            batch_size=planner._batch_size,
-            module=module,
-            sharders=get_default_sharders(),
-        )
-        opts = [fast_planner_module._Opt(so) for so in search_space]
-        search = fast_planner_module._Search(opts, storage, ws, False, False)
-        replay = fast_planner_module._GreedyReplay(opts, GreedyProposer())
+        opts, lists, search = _search_parts(planner, module, ws)
+        stream = fast_planner_module._Stream(opts, len(lists), ws)
+        replay = fast_planner_module._GreedyReplay(opts, lists, GreedyProposer())
         checked = 0
-        proposal = replay.propose()
-        while proposal:
+        changes = replay.propose()
+        while changes is not None:
+            stream.apply(changes)
+            proposal = list(stream.cur)
             result = search.evaluate(proposal)
             if result is not None:
                 assert search.lower_bound(proposal) <= result[1] * (1 + 1e-12)
+                assert stream.bound() <= result[1] * (1 + 1e-12)
+                assert stream.bound() == pytest.approx(search.lower_bound(proposal), rel=1e-12)
                 checked += 1
             replay.feedback(result is not None, None)
-            proposal = replay.propose()
+            changes = replay.propose()
         assert checked > 10
 
 
@@ -377,8 +506,10 @@ def test_import_is_cheap() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the stock side: minutes at 1,024 ranks on a loaded machine
 @pytest.mark.parametrize(
-    "n_tables,world_size,device", [(128, 8, "cpu"), (64, 64, "cpu"), (24, 32, "cuda")]
+    "n_tables,world_size,device",
+    [(128, 8, "cpu"), (64, 64, "cpu"), (24, 32, "cuda"), (6, 1024, "cpu"), (4, 512, "cuda")],
 )
 def test_same_plan_as_stock_larger(n_tables: int, world_size: int, device: str) -> None:
     case = Case(
@@ -388,3 +519,46 @@ def test_same_plan_as_stock_larger(n_tables: int, world_size: int, device: str) 
     assert isinstance(stock, ShardingPlan), f"stock planner failed: {stock!r}"
     assert isinstance(fast, ShardingPlan), f"FastPlanner failed: {fast!r}"
     assert_same_plan(fast, stock)
+
+
+def test_sweep_fit_recovers_exponents() -> None:
+    """The sweep's growth fit (pure) finds the exponents of synthetic timings."""
+    from benchmarks.bench_planner import fit_growth, sweep_markdown
+
+    rows = [
+        {"tables": t, "world_size": w, "cpu_s": 0.5 * t**1.1 * w**0.2}
+        for t in (256, 1024, 4096)
+        for w in (8, 512, 4096)
+    ]
+    rows.append({"tables": 16384, "world_size": 4096, "cpu_s": None, "note": "not run"})
+    fit = fit_growth(rows)
+    assert fit["n"] == 9
+    assert fit["a"] == pytest.approx(0.5, rel=1e-9)
+    assert fit["b"] == pytest.approx(1.1, abs=1e-9)
+    assert fit["c"] == pytest.approx(0.2, abs=1e-9)
+    assert fit["per_w"][8] == pytest.approx(1.1, abs=1e-9)
+    assert fit["per_t"][1024] == pytest.approx(0.2, abs=1e-9)
+    for r in rows[:-1]:
+        r.update(wall_s=r["cpu_s"], peak_rss_mb=100.0, num_proposals=1, num_plans=1)
+    md = sweep_markdown(rows, {"cpu_s": fit}, {})
+    assert "T^1.10 x W^0.20" in md and "| 16384 | 4096 | not run" in md
+
+
+def test_grid_search_skipped_at_thousands_of_tables() -> None:
+    """Grid search is skipped (as stock skips it) even when its size has 10,000 digits."""
+    from types import SimpleNamespace
+
+    opts: Any = [SimpleNamespace(score_depth=0.0, score_sum=0.0)] * 40_000
+    lists = [[2 * f, 2 * f + 1] for f in range(20_000)]  # 2**20000 proposals
+    assert fast_planner_module._GridReplay(opts, lists, 10_000).propose() is None
+    small = fast_planner_module._GridReplay(opts, lists[:3], 10_000)
+    seen = []
+    changes = small.propose()
+    vec = [-1] * 3
+    while changes is not None:
+        for f, o in changes:
+            vec[f] = o
+        seen.append(tuple(vec))
+        small.feedback(True, None)
+        changes = small.propose()
+    assert seen == list(itertools.product(*lists[:3]))

@@ -14,13 +14,16 @@ from __future__ import annotations
 #       FastEnumerator), _extract_constraints_for_param, _get_tower_index, and the attributes
 #       _sharder_map, _sharder_data_map, _last_stored_{module,sharders,search_space}, _constraints,
 #       _compute_device, _world_size, _local_world_size, _device_memory_sizes, _batch_size,
-#       _use_exact_enumerate_order.
+#       _use_exact_enumerate_order; EmbeddingEnumerator._get_num_buckets (ported for
+#       EmbeddingBagCollection / EmbeddingCollection: embedding_bag_configs() / embedding_configs(),
+#       use_virtual_table, total_num_buckets; other modules call it), populate_estimates.
 #   torchrec.distributed.planner.estimator.estimator: EmbeddingPerfEstimator.estimate (ported, see
 #       MemoPerfEstimator), get_embedding_perf_sharding_evaluator, the factory's _registry, the
 #       estimator's _topology/_constraints/_config/_is_inference/_use_* attributes; the default
 #       config is instantiated from a subclass with a cached __dir__ (see _with_cached_dir), which
 #       relies on annotations._get_annotated_method/_get_coefficient_method scanning dir(config).
-#   torchrec.distributed.planner.estimator.types: ShardPerfContext.build_shard_perf_contexts.
+#   torchrec.distributed.planner.estimator.types: ShardPerfContext.build_shard_perf_contexts;
+#       HardwarePerfConfig.post_process_perfs (the described path needs the base, identity one).
 #   torchrec.distributed.planner.shard_estimators: EmbeddingStorageEstimator.estimate (ported, see
 #       MemoStorageEstimator), calculate_shard_storages, get_num_poolings.
 #   torchrec.distributed.planner.proposers: GreedyProposer._threshold,
@@ -32,11 +35,13 @@ from __future__ import annotations
 #       (only to build the same "no plan" message as the stock planner).
 #   torchrec.distributed.planner.perf_models: NoopPerfModel._topology.
 #   Dataclasses Shard, Storage, Perf, ShardingOption are built via object.__new__ + __dict__ (their
-#       1.8.0 fields, in declaration order).
+#       1.8.0 fields, in declaration order); a ShardingOption may hold shards=[] until
+#       CompactOption.materialise builds them.
 # =================================================================================================
 import copy
 import dataclasses
 import logging
+import types
 from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
@@ -54,7 +59,7 @@ from torchrec.distributed.planner.estimator.estimator import (
     EmbeddingPerfEstimatorFactory,
     get_embedding_perf_sharding_evaluator,
 )
-from torchrec.distributed.planner.estimator.types import ShardPerfContext
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig, ShardPerfContext
 from torchrec.distributed.planner.shard_estimators import (
     EmbeddingStorageEstimator,
     calculate_shard_storages,
@@ -74,6 +79,7 @@ from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_n
 from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import KeyValueParams, ModuleSharder, ShardingType
 from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.modules.embedding_tower import (
     EmbeddingTower,
     EmbeddingTowerCollection,
@@ -307,6 +313,117 @@ def _new_shard(size: list[int], offset: list[int]) -> Shard:
     return sh
 
 
+class CompactUnsupported(Exception):
+    """An estimator result the compact search space cannot hold (the full one is built instead)."""
+
+
+class CompactOption:
+    """A ``ShardingOption`` whose shards are described by their distinct values, built on demand.
+
+    A data-parallel option has one shard per rank, all alike: at thousands of ranks and tables,
+    building a ``Shard``, a ``Storage`` and a ``Perf`` object per shard costs tens of millions of
+    objects that the search never needs (it reads the distinct values and how often they occur).
+    Here the option's ``shards`` list stays empty until ``materialise`` builds it, exactly as the
+    stock enumerator and estimators would have (one ``Shard``/``Storage``/``Perf`` per shard).
+
+    Attributes:
+        so: the sharding option (``shards`` empty until materialised).
+        n: the number of shards.
+        sizes: the shard sizes, per shard; one entry when every shard has the same size and
+            offset (``replicated``).
+        offsets: the shard offsets, likewise.
+        replicated: every shard has the same size and offset (data parallel).
+        st: the distinct ``(hbm, ddr, ssd)`` storages.
+        st_pos: per shard, its index in ``st``; None when every shard has ``st[0]``.
+        pf: the distinct ``Perf`` fields (``_perf_fields`` order).
+        pf_pos: per shard, its index in ``pf``; None when every shard has ``pf[0]``.
+    """
+
+    __slots__ = ("so", "n", "sizes", "offsets", "replicated", "st", "st_pos", "pf", "pf_pos")
+
+    def __init__(
+        self,
+        so: ShardingOption,
+        sizes: list[list[int]],
+        offsets: list[list[int]],
+    ) -> None:
+        self.so = so
+        n = len(sizes)
+        self.n = n
+        self.replicated = n > 1 and sizes.count(sizes[0]) == n and offsets.count(offsets[0]) == n
+        self.sizes = sizes[:1] if self.replicated else sizes
+        self.offsets = offsets[:1] if self.replicated else offsets
+        self.st: list[tuple[int, int, int]] = []
+        self.st_pos: list[int] | None = None
+        self.pf: list[tuple[float, ...]] = []
+        self.pf_pos: list[int] | None = None
+
+    @classmethod
+    def from_option(cls, so: ShardingOption) -> CompactOption:
+        """Describe an option whose shards are built and estimated (any estimator's types)."""
+        shards = so.shards
+        c = cls(so, [s.size for s in shards], [s.offset for s in shards])
+        storages = [s.storage for s in shards]
+        perfs = [s.perf for s in shards]
+        if set(map(type, storages)) != {Storage} or set(map(type, perfs)) != {Perf}:
+            raise CompactUnsupported("shard without a stock Storage or Perf estimate")
+        c.st, c.st_pos = _distinct([(x.hbm, x.ddr, x.ssd) for x in storages])
+        c.pf, c.pf_pos = _distinct([_perf_fields(x) for x in perfs])
+        return c
+
+    def shard_sizes(self) -> list[list[int]]:
+        """Every shard's size, as ``calculate_shard_sizes_and_offsets`` returned them."""
+        return self.sizes * self.n if self.replicated else self.sizes
+
+    def materialise(self) -> ShardingOption:
+        """Build ``so.shards`` (once) and return ``so``."""
+        so = self.so
+        if so.shards or not self.n:
+            return so
+        n = self.n
+        if self.replicated:
+            sizes = self.sizes * n
+            offsets = self.offsets * n
+        else:
+            sizes, offsets = self.sizes, self.offsets
+        st_pos = self.st_pos if self.st_pos is not None else [0] * n
+        pf_pos = self.pf_pos if self.pf_pos is not None else [0] * n
+        st, pf = self.st, self.pf
+        shards = []
+        for size, offset, a, b in zip(sizes, offsets, st_pos, pf_pos):
+            sh = _new_shard(size, offset)
+            sh.storage = _new_storage(*st[a])
+            sh.perf = _perf_from_fields(pf[b])
+            shards.append(sh)
+        so.shards = shards
+        return so
+
+
+def _distinct(values: list[Any]) -> tuple[list[Any], list[int] | None]:
+    """``(distinct values in first-seen order, per value its index)``; None: all the first."""
+    if not values:
+        return [], None
+    if values.count(values[0]) == len(values):
+        return values[:1], None
+    index: dict[Any, int] = {}
+    out: list[Any] = []
+    pos = []
+    for v in values:
+        k = index.get(v)
+        if k is None:
+            k = index[v] = len(out)
+            out.append(v)
+        pos.append(k)
+    return out, pos
+
+
+def _is_identity_post_process(config: Any) -> bool:
+    """The config's ``post_process_perfs`` is the base one, which returns the perfs unchanged."""
+    return (
+        getattr(type(config), "post_process_perfs", None) is HardwarePerfConfig.post_process_perfs
+    )
+
+
 class MemoPerfEstimator(EmbeddingPerfEstimator):
     """``EmbeddingPerfEstimator`` (1.8.0) that evaluates each distinct shard context once.
 
@@ -319,6 +436,65 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
     of the memo key only for TorchRec's own configs, which never read it.
     """
 
+    def _memo_fields(self) -> list[str]:
+        skip_name = type(self._config).__module__.startswith("torchrec.")
+        return [
+            f.name
+            for f in dataclasses.fields(ShardPerfContext)
+            if not (skip_name and f.name == "table_name")
+        ]
+
+    def _distinct_perfs(
+        self,
+        sharding_option: ShardingOption,
+        distinct: list[list[int]],
+        sharder_data_map: SharderDataMap,
+        memo: dict[Hashable, tuple[float, ...]],
+        field_names: list[str],
+    ) -> tuple[list[tuple[float, ...]], bool]:
+        """The perf fields of each distinct shard size; sets ``is_weighted`` as stock does.
+
+        Returns:
+            ``(fields per distinct size, has_feature_processor)``.
+        """
+        config = self._config
+        config.validate_sharding_type(sharding_option.sharding_type)
+        sharder_data = sharder_data_map[sharding_option.module_type_key]
+        contexts = ShardPerfContext.build_shard_perf_contexts(
+            config=config,
+            shard_sizes=distinct,
+            sharding_option=sharding_option,
+            topology=self._topology,
+            constraints=self._constraints,
+            sharder_data=sharder_data,
+            is_inference=self._is_inference,
+            use_batch_inputs_for_expected_cache_fetches=self._use_batch_inputs_for_expected_cache_fetches,
+            use_linear_regression_prefetch_estimate=self._use_linear_regression_prefetch_estimate,
+        )
+        has_fp = False
+        if contexts:
+            sharding_option.is_weighted = contexts[0].is_weighted
+            has_fp = bool(contexts[0].has_feature_processor)
+        perfs: list[tuple[float, ...]] = []
+        for ctx in contexts:
+            values = ctx.__dict__
+            ctx_key: Hashable | None = tuple(
+                tuple(v) if type(v) is list else v for v in map(values.get, field_names)
+            )
+            try:
+                fields = memo.get(ctx_key)
+            except TypeError:  # an unhashable value: no memo for this context
+                ctx_key = fields = None
+            if fields is None:
+                evaluator = get_embedding_perf_sharding_evaluator(
+                    sharding_type=ctx.sharding_type, is_inference=ctx.is_inference
+                )
+                fields = _perf_fields(evaluator.compute_perf(ctx=ctx, config=config))
+                if ctx_key is not None:
+                    memo[ctx_key] = fields
+            perfs.append(fields)
+        return perfs, has_fp
+
     def estimate(
         self,
         sharding_options: list[ShardingOption],
@@ -327,65 +503,16 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
         """Same result as ``EmbeddingPerfEstimator.estimate``; see the class docstring."""
         assert self._topology is not None, "Topology must be set to use estimate method"
         config = self._config
-        skip_name = type(config).__module__.startswith("torchrec.")
-        field_names = [
-            f.name
-            for f in dataclasses.fields(ShardPerfContext)
-            if not (skip_name and f.name == "table_name")
-        ]
+        field_names = self._memo_fields()
         memo: dict[Hashable, tuple[float, ...]] = {}
         num_feature_processors = 0
         for sharding_option in sharding_options:
-            config.validate_sharding_type(sharding_option.sharding_type)
-            sharder_data = sharder_data_map[sharding_option.module_type_key]
             shard_sizes = [shard.size for shard in sharding_option.shards]
-            if shard_sizes and shard_sizes.count(shard_sizes[0]) == len(shard_sizes):
-                distinct: list[list[int]] = shard_sizes[:1]  # e.g. data parallel
-                positions: list[int] = [0] * len(shard_sizes)
-            else:
-                index_of: dict[tuple[int, ...], int] = {}
-                distinct = []
-                positions = []
-                for size in shard_sizes:
-                    key = tuple(size)
-                    pos = index_of.get(key)
-                    if pos is None:
-                        pos = index_of[key] = len(distinct)
-                        distinct.append(size)
-                    positions.append(pos)
-            contexts = ShardPerfContext.build_shard_perf_contexts(
-                config=config,
-                shard_sizes=distinct,
-                sharding_option=sharding_option,
-                topology=self._topology,
-                constraints=self._constraints,
-                sharder_data=sharder_data,
-                is_inference=self._is_inference,
-                use_batch_inputs_for_expected_cache_fetches=self._use_batch_inputs_for_expected_cache_fetches,
-                use_linear_regression_prefetch_estimate=self._use_linear_regression_prefetch_estimate,
+            distinct, positions = _distinct_sizes(shard_sizes)
+            perfs, has_fp = self._distinct_perfs(
+                sharding_option, distinct, sharder_data_map, memo, field_names
             )
-            if contexts:
-                sharding_option.is_weighted = contexts[0].is_weighted
-                if contexts[0].has_feature_processor:
-                    num_feature_processors += 1
-            perfs: list[tuple[float, ...]] = []
-            for ctx in contexts:
-                values = ctx.__dict__
-                ctx_key: Hashable | None = tuple(
-                    tuple(v) if type(v) is list else v for v in map(values.get, field_names)
-                )
-                try:
-                    fields = memo.get(ctx_key)
-                except TypeError:  # an unhashable value: no memo for this context
-                    ctx_key = fields = None
-                if fields is None:
-                    evaluator = get_embedding_perf_sharding_evaluator(
-                        sharding_type=ctx.sharding_type, is_inference=ctx.is_inference
-                    )
-                    fields = _perf_fields(evaluator.compute_perf(ctx=ctx, config=config))
-                    if ctx_key is not None:
-                        memo[ctx_key] = fields
-                perfs.append(fields)
+            num_feature_processors += has_fp
             if len(perfs) == 1:
                 only = perfs[0]
                 for shard in sharding_option.shards:
@@ -404,6 +531,52 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
                 shard.perf = perf
         logger.info(f"Total {num_feature_processors} feature processor.")
 
+    def estimate_compact(
+        self, options: list[CompactOption], sharder_data_map: SharderDataMap
+    ) -> None:
+        """``estimate`` on described shards: fills ``pf``/``pf_pos`` of each option.
+
+        Raises:
+            CompactUnsupported: the config post-processes perfs (it must see every shard).
+        """
+        assert self._topology is not None, "Topology must be set to use estimate method"
+        if not _is_identity_post_process(self._config):
+            raise CompactUnsupported("perf config with post_process_perfs")
+        field_names = self._memo_fields()
+        memo: dict[Hashable, tuple[float, ...]] = {}
+        num_feature_processors = 0
+        for c in options:
+            if c.replicated:
+                distinct, positions = c.sizes, None
+            else:
+                distinct, positions = _distinct_sizes(c.sizes)
+            perfs, has_fp = self._distinct_perfs(
+                c.so, distinct, sharder_data_map, memo, field_names
+            )
+            num_feature_processors += has_fp
+            if positions is None or len(perfs) == 1:
+                c.pf, c.pf_pos = perfs[:1], None
+            else:
+                c.pf, c.pf_pos = _distinct([perfs[p] for p in positions])
+        logger.info(f"Total {num_feature_processors} feature processor.")
+
+
+def _distinct_sizes(shard_sizes: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct shard sizes (first-seen order) and, per shard, the index of its size."""
+    if shard_sizes and shard_sizes.count(shard_sizes[0]) == len(shard_sizes):
+        return shard_sizes[:1], [0] * len(shard_sizes)
+    index_of: dict[tuple[int, ...], int] = {}
+    distinct: list[list[int]] = []
+    positions: list[int] = []
+    for size in shard_sizes:
+        key = tuple(size)
+        pos = index_of.get(key)
+        if pos is None:
+            pos = index_of[key] = len(distinct)
+            distinct.append(size)
+        positions.append(pos)
+    return distinct, positions
+
 
 def _tensor_key(tensor: torch.Tensor) -> Hashable:
     return (
@@ -414,6 +587,40 @@ def _tensor_key(tensor: torch.Tensor) -> Hashable:
     )
 
 
+def _storage_key(kwargs: dict[str, Any]) -> Hashable | None:
+    """A hashable key of ``calculate_shard_storages``' arguments (None: some value is unhashable).
+
+    Values are compared by value, except ``sharder_data`` (by identity: one per sharder) and the
+    tensor (by type, shape, dtype and optimizer class). Lists of scalars, the common case, become
+    tuples directly; anything else goes through ``_freeze``.
+    """
+    parts: list[Any] = []
+    try:
+        for name, v in kwargs.items():
+            if name == "sharder_data":
+                parts.append(id(v))
+            elif name == "tensor":
+                parts.append(_tensor_key(v))
+            elif name == "shard_sizes":
+                parts.append(tuple(map(tuple, v)))
+            elif type(v) is list:
+                t: Hashable = tuple(v)
+                try:
+                    hash(t)
+                except TypeError:
+                    t = _freeze(v)
+                parts.append(t)
+            else:
+                try:
+                    hash(v)
+                except TypeError:
+                    v = _freeze(v)
+                parts.append(v)
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
 class MemoStorageEstimator(EmbeddingStorageEstimator):
     """``EmbeddingStorageEstimator`` (1.8.0) that memoises ``calculate_shard_storages``.
 
@@ -422,130 +629,149 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
     every shard still gets its own ``Storage`` object.
     """
 
-    def estimate(
+    def _storages(
         self,
-        sharding_options: list[ShardingOption],
+        sharding_option: ShardingOption,
+        shard_sizes: list[list[int]],
+        n_shards: int,
         sharder_data_map: SharderDataMap,
-    ) -> None:
-        """Same result as ``EmbeddingStorageEstimator.estimate``; see the class docstring."""
+        memo: dict[Hashable, list[tuple[Any, Any, Any]]],
+    ) -> list[tuple[Any, Any, Any]] | list[Any]:
+        """The storages of an option's shards, as ``(hbm, ddr, ssd)`` tuples.
+
+        Args:
+            sharding_option: the option.
+            shard_sizes: every shard's size, or (data parallel, all alike) the first one only.
+            n_shards: the number of shards.
+            sharder_data_map: the enumerator's sharder data.
+            memo: results by storage inputs, shared across the options of one ``estimate``.
+
+        Returns:
+            One tuple per shard, or a single tuple when every shard has that storage; or, where
+            ``calculate_shard_storages`` returned something other than stock ``Storage`` objects,
+            its result as it is (one object per shard of ``shard_sizes``).
+        """
         from torchrec.distributed.planner.constants import (
             BIGINT_DTYPE,
             KV_CACHING_RATIO,
             UVM_CACHING_RATIO,
         )
 
+        sharder_data = sharder_data_map[sharding_option.module_type_key]
+        caching_ratio = sharding_option.cache_load_factor
+        if caching_ratio is None:
+            caching_ratio = sharder_data.fused_params.get("cache_load_factor")
+        constraints: ParameterConstraints | None = (
+            self._constraints.get(sharding_option.name, None) if self._constraints else None
+        )
+        num_poolings = get_num_poolings(self._constraints, sharding_option)
+        assert len(num_poolings) == sharding_option.num_inputs
+        batch_sizes = (
+            constraints.batch_sizes
+            if constraints and constraints.batch_sizes
+            else [sharding_option.batch_size] * sharding_option.num_inputs
+        )
+        key_value_params: KeyValueParams | None = (
+            constraints.key_value_params if constraints and constraints.key_value_params else None
+        )
+        kv_cache_load_factor: float = sharder_data.fused_params.get(
+            "cache_load_factor", KV_CACHING_RATIO
+        )
+        use_virtual_table: bool = constraints.use_virtual_table if constraints else False
+        input_data_type_size = BIGINT_DTYPE
+        output_data_type_size: float = (
+            DATA_TYPE_NUM_BITS[sharding_option.output_dtype] / 8
+            if sharding_option.output_dtype
+            else sharding_option.tensor.element_size()
+        )
+        mpp_conf = (
+            sharding_option.cache_params.multipass_prefetch_config
+            if sharding_option.cache_params
+            else None
+        )
+        if mpp_conf is None:
+            mpp_conf = sharder_data.fused_params.get("multipass_prefetch_config")
+        kwargs: dict[str, Any] = {
+            "sharder_data": sharder_data,
+            "sharding_type": sharding_option.sharding_type,
+            "tensor": sharding_option.tensor,
+            "compute_device": self._topology.compute_device,
+            "compute_kernel": sharding_option.compute_kernel,
+            "shard_sizes": shard_sizes,
+            "batch_sizes": batch_sizes,
+            "world_size": self._topology.world_size,
+            "local_world_size": self._topology.intra_group_size,
+            "input_lengths": sharding_option.input_lengths,
+            "num_poolings": num_poolings,
+            "caching_ratio": caching_ratio if caching_ratio else UVM_CACHING_RATIO,
+            "is_pooled": sharding_option.is_pooled,
+            "input_data_type_size": input_data_type_size,
+            "output_data_type_size": output_data_type_size,
+            "pipeline_type": self._pipeline_type,
+            "count_ephemeral_storage_cost": self._run_embedding_at_peak_memory,
+            "is_inference": self._is_inference,
+            "multipass_prefetch_max_pass": mpp_conf.num_passes if mpp_conf else None,
+            "key_value_params": key_value_params,
+            "kv_cache_load_factor": kv_cache_load_factor,
+            "use_virtual_table": use_virtual_table,
+        }
+        key = _storage_key(kwargs)
+        storages = memo.get(key) if key is not None else None
+        if storages is not None:
+            return storages
+        try:
+            computed = calculate_shard_storages(**kwargs)
+        except ZeroDivisionError as e:
+            raise ValueError(
+                f"Failed to calculate sharding plan: {str(e)} "
+                f"Context: table_name='{sharding_option.name}', "
+                f"module_path='{sharding_option.path}', "
+                f"tensor.shape={sharding_option.tensor.shape}, "
+                f"sharding_type='{sharding_option.sharding_type}', "
+                f"compute_kernel='{sharding_option.compute_kernel}'"
+            ) from e
+        if len(computed) == len(shard_sizes) and all(
+            type(s) is Storage and len(s.__dict__) == 3 for s in computed
+        ):
+            storages = [(s.hbm, s.ddr, s.ssd) for s in computed]
+            if key is not None:
+                memo[key] = storages
+            return storages
+        return computed
+
+    @staticmethod
+    def _data_parallel_one(sharding_option: ShardingOption, n: int) -> bool:
+        # data parallel: every value is per shard and no value depends on the shard count
+        # (_calculate_dp_shard_io_sizes replicates one value): compute one shard, replicate
+        return sharding_option.sharding_type == ShardingType.DATA_PARALLEL.value and n > 1
+
+    def estimate(
+        self,
+        sharding_options: list[ShardingOption],
+        sharder_data_map: SharderDataMap,
+    ) -> None:
+        """Same result as ``EmbeddingStorageEstimator.estimate``; see the class docstring."""
         memo: dict[Hashable, list[tuple[Any, Any, Any]]] = {}
         for sharding_option in sharding_options:
-            sharder_data = sharder_data_map[sharding_option.module_type_key]
-            caching_ratio = sharding_option.cache_load_factor
-            if caching_ratio is None:
-                caching_ratio = sharder_data.fused_params.get("cache_load_factor")
-            constraints: ParameterConstraints | None = (
-                self._constraints.get(sharding_option.name, None) if self._constraints else None
-            )
-            num_poolings = get_num_poolings(self._constraints, sharding_option)
-            assert len(num_poolings) == sharding_option.num_inputs
-            batch_sizes = (
-                constraints.batch_sizes
-                if constraints and constraints.batch_sizes
-                else [sharding_option.batch_size] * sharding_option.num_inputs
-            )
-            key_value_params: KeyValueParams | None = (
-                constraints.key_value_params
-                if constraints and constraints.key_value_params
-                else None
-            )
-            kv_cache_load_factor: float = sharder_data.fused_params.get(
-                "cache_load_factor", KV_CACHING_RATIO
-            )
-            use_virtual_table: bool = constraints.use_virtual_table if constraints else False
-            input_data_type_size = BIGINT_DTYPE
-            output_data_type_size: float = (
-                DATA_TYPE_NUM_BITS[sharding_option.output_dtype] / 8
-                if sharding_option.output_dtype
-                else sharding_option.tensor.element_size()
-            )
-            mpp_conf = (
-                sharding_option.cache_params.multipass_prefetch_config
-                if sharding_option.cache_params
-                else None
-            )
-            if mpp_conf is None:
-                mpp_conf = sharder_data.fused_params.get("multipass_prefetch_config")
-            shard_sizes = full_sizes = [shard.size for shard in sharding_option.shards]
-            n_shards = len(shard_sizes)
-            # data parallel: every value is per shard and no value depends on the shard count
-            # (_calculate_dp_shard_io_sizes replicates one value): compute one shard, replicate
-            if (
-                sharding_option.sharding_type == ShardingType.DATA_PARALLEL.value
-                and n_shards > 1
-                and all(size == shard_sizes[0] for size in shard_sizes)
+            full_sizes = [shard.size for shard in sharding_option.shards]
+            n_shards = len(full_sizes)
+            shard_sizes = full_sizes
+            if self._data_parallel_one(sharding_option, n_shards) and all(
+                size == full_sizes[0] for size in full_sizes
             ):
-                shard_sizes = shard_sizes[:1]
-            kwargs: dict[str, Any] = {
-                "sharder_data": sharder_data,
-                "sharding_type": sharding_option.sharding_type,
-                "tensor": sharding_option.tensor,
-                "compute_device": self._topology.compute_device,
-                "compute_kernel": sharding_option.compute_kernel,
-                "shard_sizes": shard_sizes,
-                "batch_sizes": batch_sizes,
-                "world_size": self._topology.world_size,
-                "local_world_size": self._topology.intra_group_size,
-                "input_lengths": sharding_option.input_lengths,
-                "num_poolings": num_poolings,
-                "caching_ratio": caching_ratio if caching_ratio else UVM_CACHING_RATIO,
-                "is_pooled": sharding_option.is_pooled,
-                "input_data_type_size": input_data_type_size,
-                "output_data_type_size": output_data_type_size,
-                "pipeline_type": self._pipeline_type,
-                "count_ephemeral_storage_cost": self._run_embedding_at_peak_memory,
-                "is_inference": self._is_inference,
-                "multipass_prefetch_max_pass": mpp_conf.num_passes if mpp_conf else None,
-                "key_value_params": key_value_params,
-                "kv_cache_load_factor": kv_cache_load_factor,
-                "use_virtual_table": use_virtual_table,
-            }
-            try:
-                key: Hashable | None = tuple(
-                    (
-                        (name, id(v))
-                        if name == "sharder_data"
-                        else (name, _tensor_key(v))
-                        if name == "tensor"
-                        else (name, tuple(map(tuple, v)))
-                        if name == "shard_sizes"
-                        else (name, _freeze(v))
+                shard_sizes = full_sizes[:1]
+            storages = self._storages(
+                sharding_option, shard_sizes, n_shards, sharder_data_map, memo
+            )
+            if storages and type(storages[0]) is not tuple:  # not the stock type: as computed
+                computed = storages
+                if shard_sizes is not full_sizes:
+                    computed = self._storages(
+                        sharding_option, full_sizes, n_shards, sharder_data_map, {}
                     )
-                    for name, v in kwargs.items()
-                )
-            except TypeError:
-                key = None
-            storages = memo.get(key) if key is not None else None
-            if storages is None:
-                try:
-                    computed = calculate_shard_storages(**kwargs)
-                except ZeroDivisionError as e:
-                    raise ValueError(
-                        f"Failed to calculate sharding plan: {str(e)} "
-                        f"Context: table_name='{sharding_option.name}', "
-                        f"module_path='{sharding_option.path}', "
-                        f"tensor.shape={sharding_option.tensor.shape}, "
-                        f"sharding_type='{sharding_option.sharding_type}', "
-                        f"compute_kernel='{sharding_option.compute_kernel}'"
-                    ) from e
-                if len(computed) == len(shard_sizes) and all(
-                    type(s) is Storage and len(s.__dict__) == 3 for s in computed
-                ):
-                    storages = [(s.hbm, s.ddr, s.ssd) for s in computed]
-                    if key is not None:
-                        memo[key] = storages
-                else:  # not the stock type: hand it over as computed, no memo
-                    if shard_sizes is not full_sizes:
-                        computed = calculate_shard_storages(**{**kwargs, "shard_sizes": full_sizes})
-                    for shard, storage in zip(sharding_option.shards, computed):
-                        shard.storage = storage
-                    continue
+                for shard, storage in zip(sharding_option.shards, computed):
+                    shard.storage = storage
+                continue
             if len(storages) == 1 and n_shards > 1:
                 hbm, ddr, ssd = storages[0]
                 for shard in sharding_option.shards:
@@ -553,6 +779,34 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             else:
                 for shard, (hbm, ddr, ssd) in zip(sharding_option.shards, storages):
                     shard.storage = _new_storage(hbm, ddr, ssd)
+
+    def estimate_compact(
+        self, options: list[CompactOption], sharder_data_map: SharderDataMap
+    ) -> None:
+        """``estimate`` on described shards: fills ``st``/``st_pos`` of each option.
+
+        Raises:
+            CompactUnsupported: ``calculate_shard_storages`` returned non-stock storages.
+        """
+        memo: dict[Hashable, list[tuple[Any, Any, Any]]] = {}
+        for c in options:
+            so = c.so
+            if c.replicated and self._data_parallel_one(so, c.n):
+                sizes = c.sizes
+            else:
+                sizes = c.shard_sizes()
+            storages = self._storages(so, sizes, c.n, sharder_data_map, memo)
+            if storages and type(storages[0]) is not tuple:
+                raise CompactUnsupported("storage estimate of a non-stock type")
+            c.st, c.st_pos = _distinct(cast(list[tuple[int, int, int]], storages))
+
+
+def _may_carry_annotation(attr: Any) -> bool:
+    """``attr`` is callable and may carry an annotation attribute (see ``_with_cached_dir``)."""
+    if not callable(attr):
+        return False
+    func = attr.__func__ if isinstance(attr, types.MethodType) else attr
+    return not (isinstance(func, types.FunctionType) and not func.__dict__)
 
 
 def _with_cached_dir(config_cls: type) -> type:
@@ -563,6 +817,11 @@ def _with_cached_dir(config_cls: type) -> type:
     starting with ``_`` and attributes that are not callable, and return the first match in
     ``dir`` order. Listing only the public callables (``dir`` still sorts them) finds the same
     method without re-reading every property each time. Name and module are the base's.
+
+    The scanners only ever return a method that carries the annotation they look for
+    (``getattr(method, "_is_...", False)``), and the annotation decorators set it as an attribute
+    of the function. A plain function with no attributes of its own (an empty ``__dict__``) can
+    carry none, so those are left out too: the scans then read the few annotated methods only.
     """
 
     def __dir__(self: Any) -> list[str]:
@@ -573,7 +832,7 @@ def _with_cached_dir(config_cls: type) -> type:
                 for n in cast(Any, config_cls).__dir__(self)
                 if not n.startswith("_")
                 and n != "coefficients"
-                and callable(getattr(self, n, None))
+                and _may_carry_annotation(getattr(self, n, None))
             ]
             self.__dict__["_fastinit_dir"] = names
         return list(names)
@@ -613,13 +872,18 @@ def default_fast_estimators(
 
 
 class FastEnumerator(EmbeddingEnumerator):
-    """``EmbeddingEnumerator`` (1.8.0) with memoising default estimators and a lazy cached copy.
+    """``EmbeddingEnumerator`` (1.8.0) with memoising estimators, described shards, a lazy copy.
 
-    ``enumerate`` is a port of the stock method with one change: the stock method deep-copies the
-    whole search space to keep it as ``last_stored_search_space`` (seconds at hundreds of ranks,
-    where every data-parallel option has one shard per rank). Here the copy is made on first use of
-    ``last_stored_search_space`` or of the enumerate cache, from the options as enumerated (the fast
-    planner only assigns shard ranks to them, which the copy resets to ``None``).
+    ``enumerate`` is a port of the stock method with these changes, none of which changes a value:
+
+    * the stock method deep-copies the whole search space to keep it as
+      ``last_stored_search_space`` (seconds at hundreds of ranks, where every data-parallel option
+      has one shard per rank). Here the copy is made on first use of ``last_stored_search_space``
+      or of the enumerate cache, from the options as enumerated (the fast planner only assigns
+      shard ranks to them, which the copy resets to ``None``);
+    * ``enumerate_compact`` gives the same search space as ``CompactOption`` descriptions, whose
+      shards are built only when asked for (the fast planner builds those of its plan only);
+    * ``_get_num_buckets`` scans the module's table configs once per module, not once per table.
     """
 
     def __init__(
@@ -639,7 +903,7 @@ class FastEnumerator(EmbeddingEnumerator):
             estimator=estimator,
             use_exact_enumerate_order=use_exact_enumerate_order,
         )
-        self._pending_snapshot: list[ShardingOption] | None = None
+        self._pending_snapshot: list[CompactOption] | None = None
 
     @property
     def last_stored_search_space(self) -> list[ShardingOption] | None:
@@ -649,12 +913,18 @@ class FastEnumerator(EmbeddingEnumerator):
 
     def _materialise_snapshot(self) -> None:
         if self._pending_snapshot is not None:
-            snapshot = copy_sharding_options(self._pending_snapshot)
+            options = [c.materialise() for c in self._pending_snapshot]
+            snapshot = copy_sharding_options(options)
             for so in snapshot:
                 for shard in so.shards:
                     shard.rank = None
             self._last_stored_search_space = snapshot
             self._pending_snapshot = None
+
+    def _cached(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> bool:
+        last_module: Any = getattr(self, "_last_stored_module", None)
+        last_sharders: Any = getattr(self, "_last_stored_sharders", None)
+        return bool(last_module == module and last_sharders == sharders)
 
     def enumerate(
         self,
@@ -662,16 +932,64 @@ class FastEnumerator(EmbeddingEnumerator):
         sharders: list[ModuleSharder[nn.Module]],
     ) -> list[ShardingOption]:
         """Port of ``EmbeddingEnumerator.enumerate`` (1.8.0); see the class docstring."""
-        last_module: Any = getattr(self, "_last_stored_module", None)
-        last_sharders: Any = getattr(self, "_last_stored_sharders", None)
-        if last_module == module and last_sharders == sharders:
+        if self._cached(module, sharders):
             self._materialise_snapshot()
             assert self._last_stored_search_space is not None
             return copy_sharding_options(self._last_stored_search_space)
+        return [c.materialise() for c in self.enumerate_compact(module, sharders)]
 
+    def enumerate_compact(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+    ) -> list[CompactOption]:
+        """``enumerate``'s search space, as options whose shards are described, not built.
+
+        With the default (memoising) estimators, no per-shard object is made; with any other
+        estimator the shards are built and estimated as ``enumerate`` does, then described.
+        """
+        if self._cached(module, sharders):
+            return [CompactOption.from_option(so) for so in self.enumerate(module, sharders)]
+        options = self._enumerate_described(module, sharders)
+        if all(type(e) in (MemoPerfEstimator, MemoStorageEstimator) for e in self._estimators):
+            try:
+                for e in self._estimators:
+                    cast(MemoPerfEstimator | MemoStorageEstimator, e).estimate_compact(
+                        options, self._sharder_data_map
+                    )
+            except CompactUnsupported:
+                options = self._estimate_built(options)
+        else:
+            options = self._estimate_built(options)
+        self._last_stored_module = module
+        self._last_stored_sharders = sharders
+        self._pending_snapshot = list(options)
+        return options
+
+    def _estimate_built(self, options: list[CompactOption]) -> list[CompactOption]:
+        """Build every shard, run the estimators as the stock enumerator does, describe again."""
+        built = []
+        for c in options:
+            so = c.so
+            so.shards = [
+                _new_shard(size, offset)
+                for size, offset in zip(
+                    c.shard_sizes(), c.offsets * c.n if c.replicated else c.offsets
+                )
+            ]
+            built.append(so)
+        self.populate_estimates(built)
+        return [CompactOption.from_option(so) for so in built]
+
+    def _enumerate_described(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]],
+    ) -> list[CompactOption]:
+        """The enumeration loop of ``EmbeddingEnumerator.enumerate`` (1.8.0), shards described."""
         self._sharder_map = {sharder_name(sharder.module_type): sharder for sharder in sharders}
         self._sharder_data_map = build_sharder_data_map(self._sharder_map)
-        sharding_options: list[ShardingOption] = []
+        sharding_options: list[CompactOption] = []
 
         named_modules_queue: list[tuple[str, nn.Module]] = [("", module)]
         while named_modules_queue:
@@ -690,6 +1008,7 @@ class FastEnumerator(EmbeddingEnumerator):
                 continue
 
             is_pooled = ShardingOption.module_pooled(child_module, child_path)
+            num_buckets_of = self._num_buckets_lookup(child_module)
 
             for name, param in sharder.shardable_parameters(child_module).items():
                 (
@@ -707,8 +1026,12 @@ class FastEnumerator(EmbeddingEnumerator):
 
                 if device_group and device_group != self._compute_device:
                     continue
-                num_buckets = self._get_num_buckets(name, child_module)
-                sharding_options_per_table: list[ShardingOption] = []
+                num_buckets = (
+                    num_buckets_of.get(name)
+                    if num_buckets_of is not None
+                    else self._get_num_buckets(name, child_module)
+                )
+                sharding_options_per_table: list[CompactOption] = []
 
                 for sharding_type in self._filter_sharding_types(
                     name, sharder.sharding_types(self._compute_device), sharder_key
@@ -746,30 +1069,28 @@ class FastEnumerator(EmbeddingEnumerator):
                         elif isinstance(child_module, EmbeddingTowerCollection):
                             tower_index = _get_tower_index(name, child_module)
                             dependency = child_path + ".tower_" + str(tower_index)
+                        so = ShardingOption(
+                            name=name,
+                            tensor=param,
+                            module=(child_path, child_module),
+                            input_lengths=input_lengths,
+                            batch_size=self._batch_size,
+                            compute_kernel=compute_kernel,
+                            sharding_type=sharding_type,
+                            partition_by=get_partition_by_type(sharding_type),
+                            shards=[],
+                            cache_params=cache_params,
+                            enforce_hbm=enforce_hbm,
+                            stochastic_rounding=stochastic_rounding,
+                            bounds_check_mode=bounds_check_mode,
+                            dependency=dependency,
+                            is_pooled=is_pooled,
+                            feature_names=feature_names,
+                            output_dtype=output_dtype,
+                            key_value_params=key_value_params,
+                        )
                         sharding_options_per_table.append(
-                            ShardingOption(
-                                name=name,
-                                tensor=param,
-                                module=(child_path, child_module),
-                                input_lengths=input_lengths,
-                                batch_size=self._batch_size,
-                                compute_kernel=compute_kernel,
-                                sharding_type=sharding_type,
-                                partition_by=get_partition_by_type(sharding_type),
-                                shards=[
-                                    _new_shard(size, offset)
-                                    for size, offset in zip(shard_sizes, shard_offsets)
-                                ],
-                                cache_params=cache_params,
-                                enforce_hbm=enforce_hbm,
-                                stochastic_rounding=stochastic_rounding,
-                                bounds_check_mode=bounds_check_mode,
-                                dependency=dependency,
-                                is_pooled=is_pooled,
-                                feature_names=feature_names,
-                                output_dtype=output_dtype,
-                                key_value_params=key_value_params,
-                            )
+                            CompactOption(so, shard_sizes, shard_offsets)
                         )
                 if not sharding_options_per_table:
                     raise RuntimeError(
@@ -780,13 +1101,27 @@ class FastEnumerator(EmbeddingEnumerator):
                     )
 
                 sharding_options.extend(sharding_options_per_table)
-
-        self.populate_estimates(sharding_options)
-
-        self._last_stored_module = module
-        self._last_stored_sharders = sharders
-        self._pending_snapshot = list(sharding_options)
         return sharding_options
+
+    def _num_buckets_lookup(self, module: nn.Module) -> dict[str, int | None] | None:
+        """``_get_num_buckets`` for every table of ``module`` at once, where it only reads configs.
+
+        The stock method scans the module's table configs for each table (quadratic in tables):
+        for an ``EmbeddingBagCollection`` or ``EmbeddingCollection`` it returns the
+        ``total_num_buckets`` of the first config with the table's name and ``use_virtual_table``,
+        else None. Other modules return None here and keep the stock method.
+        """
+        if isinstance(module, EmbeddingBagCollection):
+            configs: list[Any] = list(module.embedding_bag_configs())
+        elif isinstance(module, EmbeddingCollection):
+            configs = list(module.embedding_configs())
+        else:
+            return None
+        out: dict[str, int | None] = {}
+        for config in configs:
+            if config.use_virtual_table and config.name not in out:
+                out[config.name] = config.total_num_buckets
+        return out
 
 
 # ---- end of section: planner -------------------------------------------------------------------

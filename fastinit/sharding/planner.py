@@ -8,9 +8,12 @@ deep copies of the search space and of each new best plan.
 ``FastPlanner`` runs the same search and returns the same plan:
 
 * the same enumeration, with estimators that compute each distinct shard once
-  (``_torchrec.FastEnumerator``), so the search space holds the same numbers;
+  (``_torchrec.FastEnumerator``), so the search space holds the same numbers. Shards are
+  described, not built (``_torchrec.CompactOption``: a data-parallel option's ``W`` alike shards
+  are one size, one storage, one perf and a count); only the chosen options' shards are built;
 * the same proposers (grid search, the two greedy ones, uniform), replayed on indices, in the
-  same order, with the same proposal cache;
+  same order, with the same proposal cache. Proposals are streamed as the positions that change
+  (``_Stream``): hashing, de-duplication and rating bounds cost the changes, not the table count;
 * the same greedy partitioner, replayed on flat per-device arrays: uniform (data-parallel,
   row-wise) shards are placed with vector operations, table-wise and column-wise shards go to the
   least-loaded device that fits (what the stock min-heap walk computes), table-row-wise and
@@ -30,17 +33,20 @@ When the search finds no plan, the last failed proposal is partitioned once more
 partitioner to raise exactly the stock error. Settings the fast search does not replay (a custom
 partitioner, performance model or proposer, a plan loader, grid sharding, ...) make ``plan`` call
 the stock ``EmbeddingShardingPlanner.plan``: same plan, stock speed.
+
+The cost model (how each stage grows with tables, ranks and proposals) is in docs/planner.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
-import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from decimal import Decimal
 from functools import reduce
 from time import perf_counter
 from typing import Any, cast
@@ -71,7 +77,6 @@ from torchrec.distributed.planner.types import (
     ParameterConstraints,
     PartitionByType,
     Partitioner,
-    Perf,
     PerfModel,
     PlanDebugStats,
     PlanLoader,
@@ -104,9 +109,18 @@ _PRUNE_SLACK = 1e-9
 
 
 class _Opt:
-    """Per sharding option data the search reads, computed once."""
+    """Per sharding option data the search reads, computed once from the option's description.
+
+    Shards are not built here: a data-parallel option at thousands of ranks has thousands of alike
+    shards, so values are kept per distinct shard (``st_d``, ``pf_d``, ``tot_d``) with each shard's
+    index (``st_pos``, ``pf_pos``; None when every shard has the first). Per-shard lists (``st``,
+    ``pf``, ``tot``) are kept only for the options placed shard by shard (device and host), which
+    have few shards. Sums over shards are taken over per-shard sequences built in C, by the same
+    built-ins as the stock code (``sum``, ``max``), so they are the stock floats.
+    """
 
     __slots__ = (
+        "c",
         "so",
         "fqn",
         "path",
@@ -114,21 +128,30 @@ class _Opt:
         "kind",
         "sharding_type",
         "n",
+        "st_d",
+        "st_pos",
+        "pf_d",
+        "pf_pos",
+        "tot_d",
         "st",
         "pf",
         "tot",
         "tot_sum",
+        "tot_exact",
         "tot_min",
         "tot_max",
         "total_storage",
         "total_perf",
+        "greedy_key",
         "_vecs",
         "const",
         "score_depth",
         "score_sum",
     )
 
-    def __init__(self, so: ShardingOption) -> None:
+    def __init__(self, c: _tr.CompactOption) -> None:
+        so = c.so
+        self.c = c
         self.so = so
         self.fqn = so.fqn
         self.path = so.path
@@ -147,53 +170,103 @@ class _Opt:
         else:
             raise _Unsupported(f"partition_by={pb}")
         self.sharding_type = so.sharding_type
-        self.n = len(so.shards)
-        storages = [shard.storage for shard in so.shards]
-        perfs = [shard.perf for shard in so.shards]
-        if set(map(type, storages)) != {Storage} or set(map(type, perfs)) != {Perf}:
-            raise _Unsupported("shard without a stock Storage or Perf estimate")
-        st = [(x.hbm, x.ddr, x.ssd) for x in storages]
-        pf = [
-            (x.fwd_compute, x.fwd_comms, x.bwd_compute, x.bwd_comms, x.prefetch_compute)
-            for x in perfs
-        ]
-        distinct_st = set(st)
-        if not all(type(v) is int and v >= 0 for t in distinct_st for v in t):
+        n = self.n = c.n
+        if not n:
+            raise _Unsupported("an option without shards")
+        st_d = self.st_d = c.st
+        self.st_pos = c.st_pos
+        # Perf fields (_perf_fields order) -> the five that Perf.total adds up
+        pf_d = self.pf_d = [(f[0], f[1], f[2], f[3], f[5]) for f in c.pf]
+        self.pf_pos = c.pf_pos
+        if not all(type(v) is int and v >= 0 for t in st_d for v in t):
             raise _Unsupported("non-integer or negative storage")
-        distinct_pf = set(pf)
+        if not all(type(v) in (int, float) and math.isfinite(v) for t in pf_d for v in t):
+            raise _Unsupported("non-finite perf")
         # Perf.total = fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch_compute
-        total_of = {t: t[0] + t[2] + t[1] + t[3] + t[4] for t in distinct_pf}
-        tot = [total_of[t] for t in pf]
-        self.st = st
-        self.pf = pf
-        self.tot = tot
-        self.score_depth = max(tot)
+        tot_d = self.tot_d = [t[0] + t[2] + t[1] + t[3] + t[4] for t in pf_d]
+        if not all(math.isfinite(t) for t in tot_d):
+            raise _Unsupported("non-finite perf total")
+        tot = self.tot_full()
+        # proposers._sharding_option_score: max([...]) / sum([...]) of the shards' perf totals
+        self.score_depth = max(tot_d)
         self.score_sum = sum(tot)
-        total_perf: float = 0
-        for t in tot:
-            total_perf += t
-        self.total_perf = total_perf
-        self.tot_sum = math.fsum(tot)
-        self.tot_min = min(tot) if tot else 0.0
-        self.tot_max = max(tot) if tot else 0.0
-        h = d = x = 0
-        for a, b, c in st:
-            h += a
-            d += b
-            x += c
-        self.total_storage = (h, d, x)
-        self.const = self.kind == _UNIFORM and len(distinct_st) <= 1 and len(distinct_pf) <= 1
+        # the exact sum (what math.fsum rounds), as an integer multiple of 2**-_EXACT_BITS
+        if self.pf_pos is None:
+            self.tot_exact = n * _exact(tot_d[0])
+        else:
+            pf_counts = _counts(self.pf_pos, len(tot_d), n)
+            self.tot_exact = sum(k * _exact(t) for k, t in zip(pf_counts, tot_d))
+        self.tot_sum = self.tot_exact / (1 << _EXACT_BITS)
+        self.tot_min = min(tot_d)
+        self.tot_max = max(tot_d)
+        if self.st_pos is None:
+            h, d, x = st_d[0]
+            self.total_storage = (n * h, n * d, n * x)
+        else:
+            counts = _counts(self.st_pos, len(st_d), n)
+            h = sum(k * s[0] for k, s in zip(counts, st_d))
+            d = sum(k * s[1] for k, s in zip(counts, st_d))
+            x = sum(k * s[2] for k, s in zip(counts, st_d))
+            self.total_storage = (h, d, x)
+        # GreedyProposer.feedback: (max hbm, sum hbm, max ddr, sum ddr) over the shards
+        self.greedy_key = (
+            max(s[0] for s in st_d),
+            self.total_storage[0],
+            max(s[1] for s in st_d),
+            self.total_storage[1],
+        )
+        self.const = self.kind == _UNIFORM and len(st_d) == 1 and len(pf_d) == 1
+        if self.kind == _UNIFORM:
+            # read through st_d/pf_d/vecs(): uniform options may have a shard per rank
+            self.st: list[tuple[int, int, int]] = []
+            self.pf: list[tuple[float, ...]] = []
+            self.tot: list[float] = []
+            self.total_perf = 0.0  # not read: uniform options are not sorted
+        else:
+            self.st = _expand(st_d, self.st_pos, n)
+            self.pf = _expand(pf_d, self.pf_pos, n)
+            self.tot = tot
+            total_perf: float = 0  # ShardingOption.total_perf: a loop from 0, in shard order
+            for t in tot:
+                total_perf += t
+            self.total_perf = total_perf
         self._vecs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def tot_full(self) -> list[float]:
+        """Every shard's ``perf.total``, in shard order (built in C)."""
+        return _expand(self.tot_d, self.pf_pos, self.n)
 
     def vecs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-shard storage (3 x n, int64), perf components (5 x n) and totals, as arrays."""
         if self._vecs is None:
+            st = np.array(self.st_d, dtype=np.int64).T.reshape(3, len(self.st_d))
+            pf = np.array(self.pf_d, dtype=np.float64).T.reshape(5, len(self.pf_d))
+            tot = np.array(self.tot_d, dtype=np.float64)
+            st_idx = np.zeros(self.n, dtype=np.intp) if self.st_pos is None else self.st_pos
+            pf_idx = np.zeros(self.n, dtype=np.intp) if self.pf_pos is None else self.pf_pos
             self._vecs = (
-                np.array(self.st, dtype=np.int64).T.copy().reshape(3, self.n),
-                np.array(self.pf, dtype=np.float64).T.copy().reshape(5, self.n),
-                np.array(self.tot, dtype=np.float64),
+                np.ascontiguousarray(st[:, st_idx]),
+                np.ascontiguousarray(pf[:, pf_idx]),
+                tot[pf_idx],
             )
         return self._vecs
+
+
+def _expand(distinct: list[Any], pos: list[int] | None, n: int) -> list[Any]:
+    """Per-shard values from distinct values and per-shard indices (None: all the first)."""
+    if pos is None:
+        return distinct[:1] * n
+    return list(map(distinct.__getitem__, pos))
+
+
+def _counts(pos: list[int] | None, k: int, n: int) -> list[int]:
+    """How many shards have each of the ``k`` distinct values."""
+    if pos is None:
+        return [n] + [0] * (k - 1)
+    out = [0] * k
+    for p in pos:
+        out[p] += 1
+    return out
 
 
 class _Unsupported(Exception):
@@ -216,14 +289,23 @@ def _by_fqn(opts: Sequence[_Opt], indices: Sequence[int]) -> dict[str, list[int]
 
 
 # ---- proposers, replayed on option indices -------------------------------------------------------
+#
+# Every stock proposer (grid search, greedy, uniform) proposes one option per table (fqn), listed
+# in the order the tables first appear in the search space. A proposal is therefore a vector:
+# position f holds the option chosen for the f-th table. Consecutive proposals of one proposer
+# differ in few positions (greedy: exactly one), so each replay hands over only the positions
+# that change, as ``(f, option index)`` pairs; the first proposal lists every position.
+
+_Changes = list[tuple[int, int]]
 
 
 class _ProposerReplay:
-    """The proposal sequence of one stock proposer, as tuples of option indices."""
+    """The proposal sequence of one stock proposer, as changes of the proposal vector."""
 
     needs_rating: bool = False
 
-    def propose(self) -> tuple[int, ...] | None:
+    def propose(self) -> _Changes | None:
+        """The current proposal as changes from this proposer's previous one; None when done."""
         raise NotImplementedError
 
     def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
@@ -234,53 +316,64 @@ class _ProposerReplay:
 
 
 class _GridReplay(_ProposerReplay):
-    def __init__(self, opts: Sequence[_Opt], max_proposals: int) -> None:
-        lists = list(_by_fqn(opts, range(len(opts))).values())
-        for lst in lists:
-            lst.sort(key=lambda i: _score(opts[i], True))
-        total = reduce(lambda a, b: a * b, (len(lst) for lst in lists), 1)
-        self._iter: Iterator[tuple[int, ...]] | None = None
-        self._next: tuple[int, ...] | None = None
+    """``GridSearchProposer``: ``itertools.product`` of the per-table lists, as an odometer."""
+
+    def __init__(self, opts: Sequence[_Opt], lists: list[list[int]], max_proposals: int) -> None:
+        self._lists = [sorted(lst, key=lambda i: _score(opts[i], True)) for lst in lists]
+        total = reduce(lambda a, b: a * b, (len(lst) for lst in self._lists), 1)
+        self._next: _Changes | None = None
         if total > max_proposals:
+            # the stock message; a product of thousands of lengths has more digits than
+            # int -> str allows by default, hence Decimal (as stock does above 1e6)
+            shown = f"{Decimal(total):.2e}" if total > 1e6 else total
             logger.info(
-                "Skipping grid search proposer as there are too many proposals "
-                f"({total} > {max_proposals})."
+                "Skipping grid search proposer as there are too many proposals.\n"
+                f"Total proposals to search: {shown}\n"
+                f"Max proposals allowed: {max_proposals}\n"
             )
             return
-        self._iter = itertools.product(*lists)
-        self._next = next(self._iter, None)
+        self._idx = [0] * len(self._lists)
+        # itertools.product advances the last position fastest; positions with one option never move
+        self._movable = [f for f, lst in enumerate(self._lists) if len(lst) > 1][::-1]
+        if self._lists:
+            self._next = [(f, lst[0]) for f, lst in enumerate(self._lists)]
 
-    def propose(self) -> tuple[int, ...] | None:
+    def propose(self) -> _Changes | None:
         return self._next
 
     def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
-        assert self._iter is not None
-        self._next = next(self._iter, None)
+        changes: _Changes = []
+        for f in self._movable:
+            lst = self._lists[f]
+            i = self._idx[f] + 1
+            if i < len(lst):
+                self._idx[f] = i
+                changes.append((f, lst[i]))
+                self._next = changes
+                return
+            self._idx[f] = 0
+            changes.append((f, lst[0]))
+        self._next = None
 
 
 class _GreedyReplay(_ProposerReplay):
-    def __init__(self, opts: Sequence[_Opt], proposer: GreedyProposer) -> None:
+    """``GreedyProposer``: each step moves the table with the largest storage to its next option."""
+
+    def __init__(
+        self, opts: Sequence[_Opt], lists: list[list[int]], proposer: GreedyProposer
+    ) -> None:
         self._proposer = proposer
         use_depth, threshold, best, inferior = _tr.greedy_proposer_state(proposer)
         self._threshold = threshold if threshold else None
         self.needs_rating = self._threshold is not None
         self._best = best
         self._inferior = inferior
-        self._lists = list(_by_fqn(opts, range(len(opts))).values())
-        for lst in self._lists:
-            lst.sort(key=lambda i: _score(opts[i], use_depth))
-        self._keys: dict[int, tuple[int, int, int, int]] = {}
-        for lst in self._lists:
-            for i in lst:
-                st = opts[i].st
-                self._keys[i] = (
-                    max([s[0] for s in st]),
-                    sum([s[0] for s in st]),
-                    max([s[1] for s in st]),
-                    sum([s[1] for s in st]),
-                )
+        self._lists = [sorted(lst, key=lambda i: _score(opts[i], use_depth)) for lst in lists]
+        self._keys = {i: opts[i].greedy_key for lst in self._lists for i in lst}
         self._cur: list[int] | None = [0] * len(self._lists)
-        self._choice = [lst[0] for lst in self._lists]
+        self._next: _Changes | None = [(f, lst[0]) for f, lst in enumerate(self._lists)]
+        if not self._lists:
+            self._cur = None
         self._heap: list[tuple[tuple[int, ...], int, int]] = []
         for f in range(len(self._lists)):
             self._push(f)
@@ -293,10 +386,10 @@ class _GreedyReplay(_ProposerReplay):
             key = self._keys[lst[idx]]
             heapq.heappush(self._heap, (tuple(-k for k in key), f, idx))
 
-    def propose(self) -> tuple[int, ...] | None:
+    def propose(self) -> _Changes | None:
         if not self._cur:
             return None
-        return tuple(self._choice)
+        return self._next
 
     def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
         assert self._cur is not None
@@ -315,7 +408,7 @@ class _GreedyReplay(_ProposerReplay):
         if heap and tuple(-k for k in heap[0][0]) > (0, 0, 0, 0):
             _, f, _ = heapq.heappop(heap)
             self._cur[f] += 1
-            self._choice[f] = self._lists[f][self._cur[f]]
+            self._next = [(f, self._lists[f][self._cur[f]])]
             self._push(f)
         else:
             self._cur = None
@@ -325,26 +418,132 @@ class _GreedyReplay(_ProposerReplay):
 
 
 class _UniformReplay(_ProposerReplay):
-    def __init__(self, opts: Sequence[_Opt], use_depth: bool) -> None:
-        all_fqns = {o.fqn for o in opts}
+    """``UniformProposer``: per sharding type held by every table, each table's best option."""
+
+    def __init__(self, opts: Sequence[_Opt], fqn_pos: dict[str, int], use_depth: bool) -> None:
         by_type: dict[str, dict[str, list[int]]] = {}
         for i, o in enumerate(opts):
             by_type.setdefault(o.sharding_type, {}).setdefault(o.fqn, []).append(i)
-        self._proposals: list[tuple[int, ...]] = []
+        self._proposals: list[_Changes] = []
         for by_fqn in by_type.values():
             for lst in by_fqn.values():
                 lst.sort(key=lambda i: _score(opts[i], use_depth))
-            if by_fqn.keys() == all_fqns:
-                self._proposals.append(tuple(lst[0] for lst in by_fqn.values()))
+            if by_fqn.keys() == fqn_pos.keys():
+                changes = [(fqn_pos[fqn], lst[0]) for fqn, lst in by_fqn.items()]
+                if [f for f, _ in changes] != list(range(len(changes))):
+                    raise _Unsupported("a uniform proposal lists tables in another order")
+                self._proposals.append(changes)
         self._index = 0
 
-    def propose(self) -> tuple[int, ...] | None:
+    def propose(self) -> _Changes | None:
         if self._index < len(self._proposals):
             return self._proposals[self._index]
         return None
 
     def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
         self._index += 1
+
+
+# ---- the proposal sequence, kept as changes -------------------------------------------------------
+
+# Exact sums of floats: every finite double is an integer multiple of 2**-1074.
+_EXACT_BITS = 1100
+
+
+def _exact(x: float) -> int:
+    """``x * 2**_EXACT_BITS`` as an exact integer."""
+    num, den = float(x).as_integer_ratio()
+    return num << (_EXACT_BITS + 1 - den.bit_length())
+
+
+class _Stream:
+    """The proposals of all proposers, in order, as one vector updated by changes.
+
+    For the current proposal it keeps, updated per change (so a proposal costs its changes, not
+    the table count): a 64-bit Zobrist hash of the vector, the exact sums behind the rating's
+    lower bound, and the largest non-uniform shard. Any earlier proposal's vector is rebuilt from
+    a checkpoint and the change log (checkpoints every ``T / 16`` changes: rebuilding costs
+    ``O(T)``, and the checkpoints take ``O(16 x changes)`` memory).
+    """
+
+    def __init__(self, opts: Sequence[_Opt], n_tables: int, rating_ws: int) -> None:
+        self.n_tables = n_tables
+        self.rating_ws = rating_ws
+        self.cur = [-1] * n_tables
+        # a private generator with a fixed seed: the same hashes every run, no global RNG drawn
+        rng = np.random.default_rng(0x5EED)
+        self._z = rng.integers(1, 1 << 62, size=len(opts), dtype=np.int64).tolist()
+        self.h = 0
+        self._v_tot = [o.tot_exact for o in opts]
+        self._v_umin = [_exact(o.tot_min) if o.kind == _UNIFORM else 0 for o in opts]
+        self._nu = [0.0 if o.kind == _UNIFORM else o.tot_max for o in opts]
+        self._s_tot = 0
+        self._s_umin = 0
+        self._heap: list[tuple[float, int, int]] = []
+        self._log_f: list[int] = []
+        self._log_o: list[int] = []
+        self._ckpt_at: list[int] = [0]
+        self._ckpt_vec: list[list[int]] = [list(self.cur)]
+        self._interval = max(64, n_tables // 16)
+        self.ends: list[int] = []
+
+    def apply(self, changes: _Changes) -> int:
+        """Make ``changes`` the current proposal; returns its index in the stream."""
+        cur = self.cur
+        z, v_tot, v_umin, nu = self._z, self._v_tot, self._v_umin, self._nu
+        for f, o in changes:
+            old = cur[f]
+            if old == o:
+                continue
+            if old >= 0:
+                self.h ^= z[old]
+                self._s_tot -= v_tot[old]
+                self._s_umin -= v_umin[old]
+            self.h ^= z[o]
+            self._s_tot += v_tot[o]
+            self._s_umin += v_umin[o]
+            heapq.heappush(self._heap, (-nu[o], f, o))
+            cur[f] = o
+            self._log_f.append(f)
+            self._log_o.append(o)
+        n_log = len(self._log_f)
+        if n_log - self._ckpt_at[-1] >= self._interval:
+            self._ckpt_at.append(n_log)
+            self._ckpt_vec.append(list(cur))
+        self.ends.append(n_log)
+        return len(self.ends) - 1
+
+    def bound(self) -> float:
+        """A lower bound of the current proposal's rating (``_Search.lower_bound``)."""
+        heap, cur = self._heap, self.cur
+        while heap and cur[heap[0][1]] != heap[0][2]:
+            heapq.heappop(heap)
+        largest = -heap[0][0] if heap else 0.0
+        scale = 1 << _EXACT_BITS
+        avg = (self._s_tot / scale) / self.rating_ws
+        return max(avg, self._s_umin / scale + largest)
+
+    def vector(self, s: int) -> list[int]:
+        """The vector of proposal ``s`` of the stream."""
+        end = self.ends[s]
+        k = bisect.bisect_right(self._ckpt_at, end) - 1
+        vec = list(self._ckpt_vec[k])
+        log_f, log_o = self._log_f, self._log_o
+        for p in range(self._ckpt_at[k], end):
+            vec[log_f[p]] = log_o[p]
+        return vec
+
+    def find(self, seen: dict[int, list[int]], s: int) -> int | None:
+        """The earlier proposal in ``seen`` equal to the current one (``s``), else record ``s``."""
+        earlier = seen.get(self.h)
+        if earlier is None:
+            seen[self.h] = [s]
+            return None
+        for e in earlier:
+            if self.vector(e) == self.cur:
+                return e
+        earlier.append(s)
+        return None
 
 
 # ---- the partitioner, replayed on flat arrays ----------------------------------------------------
@@ -408,7 +607,7 @@ class _Search:
                     self.host_of[j] = h
         if any(j >= self.n_dev for devs in self.hosts for j in devs):
             raise _Unsupported("hosts reach past the devices")
-        self.all_tot_nonneg = all(t >= 0 and math.isfinite(t) for o in opts for t in o.tot)
+        self.all_tot_nonneg = all(t >= 0 for o in opts for t in o.tot_d)
         kinds = np.array([o.kind for o in opts])
         uniform = kinds == _UNIFORM
         self.lb_tot_sum = np.array([o.tot_sum for o in opts], dtype=np.float64)
@@ -456,9 +655,9 @@ class _Search:
             a, b, c, e, f = self.pf0_list[0]
             for pos in uni:
                 o = opts[proposal[pos]]
-                nh, nd, ns = o.st[0]
+                nh, nd, ns = o.st_d[0]
                 h, d, x = h - nh, d - nd, x - ns
-                pa, pb, pc_, pd, pe = o.pf[0]
+                pa, pb, pc_, pd, pe = o.pf_d[0]
                 a, b, c, e, f = a + pa, b + pb, c + pc_, e + pd, f + pe
             if uni and (h < 0 or d < 0 or x < 0):
                 return None
@@ -554,12 +753,12 @@ class _Search:
                     np.add.at(perfs, run_r, run_t)
                     run_r, run_t = [], []
                 if o.const:
-                    perfs += o.tot[0]
+                    perfs += o.tot_d[0]
                 else:
                     perfs += o.vecs()[2]
             else:
                 run_r.extend(ranks[pos])
-                run_t.extend(o.tot)
+                run_t.extend(o.tot if o.kind != _UNIFORM else o.tot_full())
         if run_r:
             np.add.at(perfs, run_r, run_t)
         return float(perfs.max())
@@ -664,12 +863,20 @@ class _State:
 
 
 class _Hosts:
-    """``GreedyPerfPartitioner._cohost_partition``, with host sums kept up to date."""
+    """``GreedyPerfPartitioner._cohost_partition``, with host sums kept up to date.
+
+    The stock partitioner sorts the hosts by their summed ``perf.total`` for every group and tries
+    them in that order (a stable sort: ties by host index). Here the hosts sit in a heap keyed by
+    ``(sum, host index)``; only the hosts whose devices changed are re-keyed, and hosts are popped
+    in that order until one takes the group.
+    """
 
     def __init__(self, search: _Search, state: _State) -> None:
         self.search = search
         self.state = state
         self.sums: list[float] = [0.0] * len(search.hosts)
+        self.version: list[int] = [0] * len(search.hosts)
+        self.heap: list[tuple[float, int, int]] = []
         self.dirty: set[int] = set(range(len(search.hosts)))
 
     def touch(self, devices: list[int]) -> None:
@@ -687,70 +894,96 @@ class _Hosts:
             for j in hosts[h]:
                 perf += tot[j]
             self.sums[h] = perf
+            self.version[h] += 1
+            heapq.heappush(self.heap, (perf, h, self.version[h]))
         self.dirty.clear()
 
     def place_group(
         self, proposal: Sequence[int], positions: list[int], assigned: list[list[int] | None]
     ) -> bool:
-        search = self.search
-        opts = search.opts
-        state = self.state
+        opts = self.search.opts
         gh = gd = gx = 0
         for pos in positions:
             h, d, x = opts[proposal[pos]].total_storage
             gh, gd, gx = gh + h, gd + d, gx + x
         self._refresh()
-        sums = self.sums
-        for h_idx in sorted(range(len(sums)), key=sums.__getitem__):
-            devs = search.hosts[h_idx]
-            sh = sd = sx = 0
-            for j in devs:
-                sh, sd, sx = sh + state.hbm[j], sd + state.ddr[j], sx + state.ssd[j]
-            if not (gh <= sh and gd <= sd and gx <= sx):
-                continue
-            n_local = len(devs)
-            undo: list[tuple[Any, ...]] = []
-            heap: list[tuple[float, int, int, int]] | None = None
-            trial: dict[int, list[int]] = {}
-            success = True
-            for pos in positions:
-                o = opts[proposal[pos]]
-                if o.sharding_type == ShardingType.TABLE_ROW_WISE.value:
-                    if o.n != n_local:
-                        success = False
-                        break
-                    for k, j in enumerate(devs):
-                        nh, nd, ns = o.st[k]
-                        if not (nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]):
-                            success = False
-                            break
-                        state.apply(o, k, j, undo)
-                    if not success:
-                        break
-                    trial[pos] = [search.ranks[j] for j in devs]
-                    heap = None
-                elif o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
-                    if heap is None:
-                        heap = [
-                            (state.tot[j], search.ranks[j] % n_local, search.ranks[j], j)
-                            for j in devs
-                        ]
-                        heapq.heapify(heap)
-                    r = _device_place(o, heap, state, undo)
-                    if r is None:
-                        success = False
-                        break
-                    trial[pos] = [search.ranks[j] for j in r]
-                else:
+        heap, version = self.heap, self.version
+        popped: list[tuple[float, int, int]] = []
+        try:
+            while heap:
+                entry = heapq.heappop(heap)
+                if entry[2] != version[entry[1]]:
+                    continue  # a stale key: the host has a newer one
+                popped.append(entry)
+                if self._try_host(entry[1], proposal, positions, assigned, gh, gd, gx):
+                    return True
+            return False
+        finally:
+            for entry in popped:
+                heapq.heappush(heap, entry)
+
+    def _try_host(
+        self,
+        h_idx: int,
+        proposal: Sequence[int],
+        positions: list[int],
+        assigned: list[list[int] | None],
+        gh: int,
+        gd: int,
+        gx: int,
+    ) -> bool:
+        """Place the group on host ``h_idx`` if it fits (else leave every device as it was)."""
+        search = self.search
+        opts = search.opts
+        state = self.state
+        devs = search.hosts[h_idx]
+        sh = sd = sx = 0
+        for j in devs:
+            sh, sd, sx = sh + state.hbm[j], sd + state.ddr[j], sx + state.ssd[j]
+        if not (gh <= sh and gd <= sd and gx <= sx):
+            return False
+        n_local = len(devs)
+        undo: list[tuple[Any, ...]] = []
+        heap: list[tuple[float, int, int, int]] | None = None
+        trial: dict[int, list[int]] = {}
+        success = True
+        for pos in positions:
+            o = opts[proposal[pos]]
+            if o.sharding_type == ShardingType.TABLE_ROW_WISE.value:
+                if o.n != n_local:
                     success = False
                     break
-            if success:
-                for pos, r in trial.items():
-                    assigned[pos] = r
-                self.dirty.add(h_idx)
-                return True
-            for saved in reversed(undo):
-                state.restore(saved)
+                for k, j in enumerate(devs):
+                    nh, nd, ns = o.st[k]
+                    if not (nh <= state.hbm[j] and nd <= state.ddr[j] and ns <= state.ssd[j]):
+                        success = False
+                        break
+                    state.apply(o, k, j, undo)
+                if not success:
+                    break
+                trial[pos] = [search.ranks[j] for j in devs]
+                heap = None
+            elif o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value:
+                if heap is None:
+                    heap = [
+                        (state.tot[j], search.ranks[j] % n_local, search.ranks[j], j) for j in devs
+                    ]
+                    heapq.heapify(heap)
+                r = _device_place(o, heap, state, undo)
+                if r is None:
+                    success = False
+                    break
+                trial[pos] = [search.ranks[j] for j in r]
+            else:
+                success = False
+                break
+        if success:
+            for pos, r in trial.items():
+                assigned[pos] = r
+            self.dirty.add(h_idx)
+            return True
+        for saved in reversed(undo):
+            state.restore(saved)
         return False
 
 
@@ -787,7 +1020,7 @@ def _device_place(
     return out
 
 
-_Best = tuple[tuple[int, ...], list[list[int]]]
+_Best = tuple[list[int], list[list[int]]]
 
 
 def _proposal_storage(opts: Sequence[_Opt], proposal: Sequence[int]) -> Storage:
@@ -932,18 +1165,33 @@ class FastPlanner(EmbeddingShardingPlanner):
             sharders=sharders,
             constraints=self._constraints,
         )
-        search_space = self._enumerator.enumerate(module=module, sharders=sharders)
-        if not search_space:
+        if isinstance(self._enumerator, _tr.FastEnumerator):
+            space = self._enumerator.enumerate_compact(module=module, sharders=sharders)
+        else:
+            try:
+                space = [
+                    _tr.CompactOption.from_option(so)
+                    for so in self._enumerator.enumerate(module=module, sharders=sharders)
+                ]
+            except _tr.CompactUnsupported as e:
+                raise _Unsupported(str(e)) from e
+        if not space:
             return ShardingPlan({})
 
-        opts = [_Opt(so) for so in search_space]
+        opts = [_Opt(c) for c in space]
         seen: set[tuple[str, str, str]] = set()
-        for o in opts:
+        fqn_pos: dict[str, int] = {}
+        lists: list[list[int]] = []
+        for i, o in enumerate(opts):
             k = (o.fqn, o.so.sharding_type, o.so.compute_kernel)
             if k in seen:
                 # the stock proposal cache keys on option hashes; keep its semantics exactly
                 raise _Unsupported("two options with the same fqn, sharding type and kernel")
             seen.add(k)
+            f = fqn_pos.setdefault(o.fqn, len(fqn_pos))
+            if f == len(lists):
+                lists.append([])
+            lists[f].append(i)
         sort_by, balance_modules = _tr.partitioner_settings(self._partitioner)
         search = _Search(
             opts,
@@ -956,65 +1204,58 @@ class FastPlanner(EmbeddingShardingPlanner):
         replays: list[_ProposerReplay] = []
         for p in self._proposers:
             if type(p) is GridSearchProposer:
-                replays.append(_GridReplay(opts, _tr.grid_max_proposals(p)))
+                replays.append(_GridReplay(opts, lists, _tr.grid_max_proposals(p)))
             elif type(p) is GreedyProposer:
-                replays.append(_GreedyReplay(opts, p))
+                replays.append(_GreedyReplay(opts, lists, p))
             else:
-                replays.append(_UniformReplay(opts, _tr.uniform_proposer_use_depth(p)))
+                replays.append(_UniformReplay(opts, fqn_pos, _tr.uniform_proposer_use_depth(p)))
 
+        stream = _Stream(opts, len(lists), search.rating_ws)
         if self._timeout_seconds or any(r.needs_rating for r in replays):
-            best, last_failed, lowest_storage = self._search_online(replays, search, opts)
+            best, last_failed, lowest_storage = self._search_online(replays, search, stream)
         else:
-            best, last_failed, lowest_storage = self._search_offline(replays, search, opts)
+            best, last_failed, lowest_storage = self._search_offline(replays, search, stream)
 
         if best is not None:
-            return self._finish(module, sharders, search_space, opts, best, start_time)
+            return self._finish(module, sharders, opts, best, start_time)
         self._raise_no_plan(
             sharders, storage_constraint, opts, last_failed, lowest_storage, start_time
         )
         raise AssertionError("unreachable")
 
     def _search_offline(
-        self, replays: list[_ProposerReplay], search: _Search, opts: list[_Opt]
-    ) -> tuple[_Best | None, tuple[int, ...] | None, Storage]:
+        self, replays: list[_ProposerReplay], search: _Search, stream: _Stream
+    ) -> tuple[_Best | None, list[int] | None, Storage]:
         """The search when the proposal sequence does not depend on feedback (no timeout).
 
         The stock loop keeps the first proposal, in proposal order, whose rating is the lowest of
         all partitionable proposals (a new plan must be strictly better). The whole sequence is
         known up front here, so proposals are evaluated in increasing order of a lower bound of
         their rating, and the search stops when the next bound exceeds the best rating found.
+        Proposals are streamed as changes (``_Stream``): hashing, de-duplication and bounds cost
+        ``O(changes)`` per proposal; only evaluated proposals are rebuilt as vectors.
         """
-        proposals: list[tuple[int, ...]] = []
-        seen: set[tuple[int, ...]] = set()
+        ids: list[int] = []  # stream index of each distinct proposal, in proposal order
+        lbs_list: list[float] = []
+        seen: dict[int, list[int]] = {}
         for replay in replays:
-            proposal = replay.propose()
-            while proposal:
-                key = tuple(sorted(proposal))
-                if key not in seen:
-                    seen.add(proposal if key == proposal else key)
-                    proposals.append(proposal)
+            changes = replay.propose()
+            while changes is not None:
+                s = stream.apply(changes)
+                if stream.find(seen, s) is None:
+                    ids.append(s)
+                    lbs_list.append(stream.bound())
                 replay.feedback(True, None)
-                proposal = replay.propose()
+                changes = replay.propose()
             replay.finish()
         del seen
-        self._num_proposals = len(proposals)
+        n = self._num_proposals = len(ids)
 
-        n = len(proposals)
         lbs: np.ndarray | None = None
+        order: Sequence[int] = range(n)
         if search.all_tot_nonneg and n > 1:
-            lbs = np.empty(n, dtype=np.float64)
-            lengths = {len(p) for p in proposals}
-            if len(lengths) == 1:
-                chunk = max(1, (1 << 22) // max(1, lengths.pop()))
-                for c in range(0, n, chunk):
-                    rows = np.array(proposals[c : c + chunk], dtype=np.int64)
-                    lbs[c : c + chunk] = search.lower_bounds(rows)
-            else:
-                for j, p in enumerate(proposals):
-                    lbs[j] = search.lower_bound(p)
-            order: Sequence[int] = np.argsort(lbs, kind="stable").tolist()
-        else:
-            order = range(n)
+            lbs = np.array(lbs_list, dtype=np.float64)
+            order = np.argsort(lbs, kind="stable").tolist()
 
         best: _Best | None = None
         best_idx = -1
@@ -1023,7 +1264,8 @@ class FastPlanner(EmbeddingShardingPlanner):
         for j in order:
             if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
                 break
-            result = search.evaluate(proposals[j])
+            vec = stream.vector(ids[j])
+            result = search.evaluate(vec)
             if result is None:
                 failed.append(j)
                 continue
@@ -1032,33 +1274,34 @@ class FastPlanner(EmbeddingShardingPlanner):
             if rating < best_rating or (
                 best is not None and rating == best_rating and j < best_idx
             ):
-                best, best_idx, best_rating = (proposals[j], ranks), j, rating
+                best, best_idx, best_rating = (vec, ranks), j, rating
 
         lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
-        last_failed: tuple[int, ...] | None = None
+        last_failed: list[int] | None = None
         if best is None and failed:
-            last_failed = proposals[max(failed)]
+            last_failed = stream.vector(ids[max(failed)])
             for j in sorted(failed):
-                current = _proposal_storage(opts, proposals[j])
+                current = _proposal_storage(search.opts, stream.vector(ids[j]))
                 if current < lowest_storage:
                     lowest_storage = current
         return best, last_failed, lowest_storage
 
     def _search_online(
-        self, replays: list[_ProposerReplay], search: _Search, opts: list[_Opt]
-    ) -> tuple[_Best | None, tuple[int, ...] | None, Storage]:
+        self, replays: list[_ProposerReplay], search: _Search, stream: _Stream
+    ) -> tuple[_Best | None, list[int] | None, Storage]:
         """The stock proposal loop, proposal by proposal (a timeout, or feedback-driven proposers)."""
         lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
         best_perf_rating: float = MAX_SIZE
-        # proposal key -> (partitionable, rating); partitionable None: pruned (not partitioned)
-        cache: dict[tuple[int, ...], tuple[bool | None, float | None]] = {}
+        seen: dict[int, list[int]] = {}
+        # stream index of a proposal -> (partitionable, rating); partitionable None: pruned
+        cache: dict[int, tuple[bool | None, float | None]] = {}
         best: _Best | None = None
-        last_failed: tuple[int, ...] | None = None
+        last_failed: list[int] | None = None
         can_prune = search.all_tot_nonneg
         start = time.time()
         for replay in replays:
-            proposal = replay.propose()
-            while proposal:
+            changes = replay.propose()
+            while changes is not None:
                 if self._timeout_seconds:
                     elapsed = time.time() - start
                     if elapsed > self._timeout_seconds:
@@ -1066,18 +1309,19 @@ class FastPlanner(EmbeddingShardingPlanner):
                             f"Exceeded time limit of {self._timeout_seconds}s. Took {elapsed}s"
                         )
                         break
-                key = tuple(sorted(proposal))
-                hit = cache.get(key)
-                if hit is not None:
-                    partitionable, rating = hit
+                s = stream.apply(changes)
+                proposal = stream.cur
+                earlier = stream.find(seen, s)
+                if earlier is not None:
+                    partitionable, rating = cache[earlier]
                     if partitionable is None and replay.needs_rating:
                         # pruned earlier, but this proposer's feedback reads the rating
                         result = search.evaluate(proposal)
                         partitionable = result is not None
                         rating = result[1] if result is not None else None
-                        cache[key] = (partitionable, rating)
+                        cache[earlier] = (partitionable, rating)
                     replay.feedback(bool(partitionable), rating)
-                    proposal = replay.propose()
+                    changes = replay.propose()
                     continue
 
                 self._num_proposals += 1
@@ -1085,11 +1329,11 @@ class FastPlanner(EmbeddingShardingPlanner):
                     can_prune
                     and best is not None
                     and not replay.needs_rating
-                    and search.lower_bound(proposal) * (1 - _PRUNE_SLACK) >= best_perf_rating
+                    and stream.bound() * (1 - _PRUNE_SLACK) >= best_perf_rating
                 ):
-                    cache[key] = (None, None)
+                    cache[s] = (None, None)
                     replay.feedback(True, None)
-                    proposal = replay.propose()
+                    changes = replay.propose()
                     continue
                 result = search.evaluate(proposal)
                 if result is not None:
@@ -1097,17 +1341,17 @@ class FastPlanner(EmbeddingShardingPlanner):
                     self._num_plans += 1
                     if rating < best_perf_rating:
                         best_perf_rating = rating
-                        best = (proposal, ranks)
-                    cache[key] = (True, rating)
+                        best = (list(proposal), ranks)
+                    cache[s] = (True, rating)
                     replay.feedback(True, rating)
                 else:
-                    last_failed = proposal
-                    current = _proposal_storage(opts, proposal)
+                    last_failed = list(proposal)
+                    current = _proposal_storage(search.opts, proposal)
                     if current < lowest_storage:
                         lowest_storage = current
-                    cache[key] = (False, None)
+                    cache[s] = (False, None)
                     replay.feedback(False, None)
-                proposal = replay.propose()
+                changes = replay.propose()
             replay.finish()
         return best, last_failed, lowest_storage
 
@@ -1115,13 +1359,12 @@ class FastPlanner(EmbeddingShardingPlanner):
         self,
         module: nn.Module,
         sharders: list[ModuleSharder[nn.Module]],
-        search_space: list[ShardingOption],
         opts: list[_Opt],
         best: _Best,
         start_time: float,
     ) -> ShardingPlan:
         proposal, ranks = best
-        best_plan = [opts[i].so for i in proposal]
+        best_plan = [opts[i].c.materialise() for i in proposal]
         if self._callbacks:
             # callbacks may change the options: hand them copies, as the stock planner does
             best_plan = _tr.copy_sharding_options(best_plan)
@@ -1163,7 +1406,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         sharders: list[ModuleSharder[nn.Module]],
         storage_constraint: Topology,
         opts: list[_Opt],
-        last_failed: tuple[int, ...] | None,
+        last_failed: list[int] | None,
         lowest_storage: Storage,
         start_time: float,
     ) -> None:
@@ -1171,7 +1414,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         last_planner_error: PlannerError | None = None
         last_proposal: list[ShardingOption] = []
         if last_failed is not None:
-            last_proposal = [opts[i].so for i in last_failed]
+            last_proposal = [opts[i].c.materialise() for i in last_failed]
             try:
                 self._partitioner.partition(
                     proposal=last_proposal, storage_constraint=storage_constraint

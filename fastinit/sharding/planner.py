@@ -1082,6 +1082,9 @@ class FastPlanner(EmbeddingShardingPlanner):
         timeout_seconds: int | None = None,
         plan_loader: PlanLoader | None = None,
     ) -> None:
+        from fastinit import compat
+
+        compat.require("planner")
         super().__init__(
             topology=topology,
             batch_size=batch_size,

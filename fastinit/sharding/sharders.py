@@ -300,6 +300,9 @@ def fast_sharders(sharders: list[Any] | None, seed: int) -> list[Any]:
     codecs, ...); composite sharders get a fast inner sharder; any other sharder — the user's own
     subclass included — is used as given.
     """
+    from fastinit import compat
+
+    compat.require("sharders")
     if sharders is None:
         from torchrec.distributed.sharding_plan import get_default_sharders
 

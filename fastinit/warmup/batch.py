@@ -156,7 +156,12 @@ class BatchSchema:
             )
         return (
             BatchField(name="dense_features", kind="tensor", shape=(self.dense_features,)),
-            BatchField(name="sparse_features", kind="kjt", keys=tuple(f.name for f in self.sparse)),
+            BatchField(
+                name="sparse_features",
+                kind="kjt",
+                keys=tuple(f.name for f in self.sparse),
+                dtype="torch.int64",
+            ),
             BatchField(name="labels", kind="tensor", dtype="torch.int64"),
         )
 

@@ -273,6 +273,16 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _is_whole(t: torch.Tensor) -> bool:
+    """``t`` spans its whole storage."""
+    return (
+        t.device.type != "meta"
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and _nbytes(t) == t.untyped_storage().nbytes()
+    )
+
+
 def _ptr(t: torch.Tensor) -> int:
     return int(t.untyped_storage().data_ptr())
 
@@ -430,19 +440,21 @@ class StateSnapshot:
                             if view.numel() and _ptr(view) not in self._by_rows:
                                 self._by_rows.add(_ptr(view))
                                 self.model_bytes += view.untyped_storage().nbytes()
+                found: list[torch.Tensor] = []
                 for module in modules:
                     for p in module.parameters(recurse=False):
-                        self._add(p)
+                        found.append(p)
                         grad = None if p.grad is None else self._clone(p.grad)
                         self.grads.append((p, p.grad, grad))
-                    for b in module.buffers(recurse=False):
-                        self._add(b)
-                    for value in vars(module).values():  # e.g. FBGEMM's iter_cpu
-                        if isinstance(value, torch.Tensor):
-                            self._add(value)
+                    found.extend(module.buffers(recurse=False))
+                    found.extend(  # e.g. FBGEMM's iter_cpu
+                        v for v in vars(module).values() if isinstance(v, torch.Tensor)
+                    )
                 for value in model.state_dict(keep_vars=True).values():
-                    for t in _local_tensors(value):
-                        self._add(t)
+                    found.extend(_local_tensors(value))
+                # Whole storages first, so views into them (a table's shards) are not copied twice.
+                for t in sorted(found, key=lambda t: not _is_whole(t)):
+                    self._add(t)
                 for opt in _leaf_optimizers(optimizers):
                     self.optimizers.append((opt, self._save_state(opt.state), self._groups(opt)))
                 self.cpu_rng = torch.get_rng_state()

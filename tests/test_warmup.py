@@ -557,6 +557,8 @@ def _compile_job(cache_dir: str, inductor_dir: bool) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # three Inductor compiles in fresh processes: 1-3.5 min on 2 shared cores
+@pytest.mark.timeout(900)
 def test_compile_cache_miss_then_hit_across_jobs(tmp_path: Any) -> None:
     def job(inductor_dir: bool) -> dict[str, Any]:
         args = (str(tmp_path), inductor_dir)

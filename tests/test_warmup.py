@@ -340,6 +340,7 @@ def _warmup_rank(ckpt_dir: str) -> dict[str, Any]:
         fast_batch,
         resume_stage,
         save_checkpoint,
+        schema_from_batch,
         schema_from_model,
         warm_up,
     )
@@ -357,7 +358,9 @@ def _warmup_rank(ckpt_dir: str) -> dict[str, Any]:
         schema.dense_features,
         [(f.name, f.num_embeddings, f.weighted) for f in schema.sparse],
     )
-    batch = fast_batch(schema, 4, torch.device("cpu"))
+    # The fast batch takes the pipeline's form (fastinit's test Batch here) from one of its batches.
+    batch = fast_batch(schema_from_batch(make_batch(spec, 2), model), 4, torch.device("cpu"))
+    out["batch_type"] = type(batch).__name__
 
     # Warm-up: compile the dense part, forward+backward, every state bit-identical afterwards.
     before = _state_tensors(model, [optimizer, model.fused_optimizer])
@@ -377,6 +380,8 @@ def _warmup_rank(ckpt_dir: str) -> dict[str, Any]:
     out["grads_same"] = all(a is b for a, b in zip(grads, [p.grad for p in model.parameters()]))
     out["compiled"] = report.compiled_modules
     out["graphs"] = report.graphs_compiled
+    full = warm_up(model, batch, optimizers=[optimizer], config=WarmupConfig(snapshot="full"))
+    out["snapshot"] = (report.snapshot_bytes, full.snapshot_bytes, report.model_bytes)
 
     # Real batches of other sizes and jagged lengths: no recompile; the fused tables do change.
     graphs = compile_count()
@@ -444,7 +449,10 @@ def test_warm_up_is_side_effect_free_does_not_recompile_and_resume_round_trips(
             ("wf0", True),
             ("wf1", True),
         ]
+        assert out["batch_type"] == "Batch"
         assert out["changed"] == []
+        touched, full, model_bytes = out["snapshot"]
+        assert 0 < touched < full and model_bytes > 0, out["snapshot"]  # rows, not whole tables
         assert out["rng_same"] and out["grads_same"]
         assert out["compiled"] == ["dense_arch", "over_arch"]
         assert out["graphs"] >= 2
@@ -549,6 +557,8 @@ def _compile_job(cache_dir: str, inductor_dir: bool) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # three Inductor compiles in fresh processes: 1-3.5 min on 2 shared cores
+@pytest.mark.timeout(900)
 def test_compile_cache_miss_then_hit_across_jobs(tmp_path: Any) -> None:
     def job(inductor_dir: bool) -> dict[str, Any]:
         args = (str(tmp_path), inductor_dir)

@@ -4,8 +4,12 @@
 
 * :class:`StageGraph` — start-up stages on threads, as soon as their inputs are ready; collective
   stages on one ordered lane (same order on every rank); first failure raises :class:`StageError`.
-* :func:`schema_from_model`, :func:`fast_batch` — a synthetic batch of the model's input form.
-* :func:`warm_up` — compile and run forward/backward on it, every state restored bit for bit.
+* :func:`schema_from_batch`, :func:`schema_from_model`, :func:`fast_batch`,
+  :func:`check_batch` — a synthetic batch of the pipeline's form (TorchRec's ``Batch`` by default).
+* :func:`warm_up` — compile and run training steps on it; nothing the job trains changes.
+
+No submodule is named like a public function (the batch code lives in ``batch``), so
+``from fastinit.warmup import fast_batch`` is the function whatever was imported before.
 * :class:`CompileCache` — compiled artifacts kept across jobs (MegaCache file + Inductor dir).
 * :func:`resume_stage` — a DCP checkpoint load as a stage, overlapped with the data pipeline.
 """
@@ -16,29 +20,35 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fastinit.warmup.batch import (
+        BatchFactory,
+        BatchField,
+        BatchSchema,
+        BatchSchemaError,
+        SparseFeature,
+        check_batch,
+        fast_batch,
+        schema_from_batch,
+        schema_from_model,
+    )
     from fastinit.warmup.compile_cache import (
         CacheRestore,
         CompileCache,
         CompileCacheConfig,
         module_fingerprint,
     )
-    from fastinit.warmup.fast_batch import (
-        BatchFactory,
-        BatchSchema,
-        SparseFeature,
-        fast_batch,
-        reference_batch,
-        schema_from_model,
-    )
     from fastinit.warmup.graph import GraphConfig, Stage, StageError, StageGraph
     from fastinit.warmup.resume import load_checkpoint, resume_stage, save_checkpoint
     from fastinit.warmup.warmup import (
         CompileConfig,
+        StateSnapshot,
         WarmupConfig,
         WarmupReport,
         compile_count,
         compile_modules,
         preserved_state,
+        resolve_targets,
+        set_thread_device,
         warm_up,
     )
 
@@ -47,17 +57,23 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         (
             "SparseFeature",
+            "BatchField",
             "BatchSchema",
+            "BatchSchemaError",
             "BatchFactory",
             "schema_from_model",
-            "reference_batch",
+            "schema_from_batch",
+            "check_batch",
             "fast_batch",
         ),
-        "fast_batch",
+        "batch",
     ),
     **dict.fromkeys(
         (
             "CompileConfig",
+            "StateSnapshot",
+            "resolve_targets",
+            "set_thread_device",
             "WarmupConfig",
             "WarmupReport",
             "compile_modules",
@@ -76,7 +92,9 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "BatchFactory",
+    "BatchField",
     "BatchSchema",
+    "BatchSchemaError",
     "CacheRestore",
     "CompileCache",
     "CompileCacheConfig",
@@ -86,6 +104,7 @@ __all__ = [
     "Stage",
     "StageError",
     "StageGraph",
+    "StateSnapshot",
     "WarmupConfig",
     "WarmupReport",
     "compile_count",
@@ -94,10 +113,13 @@ __all__ = [
     "load_checkpoint",
     "module_fingerprint",
     "preserved_state",
-    "reference_batch",
+    "check_batch",
+    "resolve_targets",
     "resume_stage",
     "save_checkpoint",
+    "schema_from_batch",
     "schema_from_model",
+    "set_thread_device",
     "warm_up",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)

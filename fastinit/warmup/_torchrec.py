@@ -4,7 +4,9 @@ Sharded embedding modules do not expose their table configs publicly: ``ShardedE
 keeps them in ``_embedding_bag_configs`` / ``_is_weighted`` and ``ShardedEmbeddingCollection`` in
 ``_embedding_configs``. Both are set in the constructors of torchrec 1.8.0. ``CombinedOptimizer``
 keeps its children in ``_optims`` (its public ``state`` is a fresh merged dict, useless for restoring
-in place) and ``TrainPipelineSparseDist`` its optimizer in ``_optimizer``.
+in place) and ``TrainPipelineSparseDist`` its optimizer in ``_optimizer`` and the sharded modules
+it rewrote in ``_pipelined_modules``. FBGEMM's training TBE (public FBGEMM API) gives per-table
+views of its weights and optimizer states.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["TORCHREC_VERSION", "embedding_tables", "combined_children", "pipeline_optimizer"]
+__all__ = [
+    "TORCHREC_VERSION",
+    "embedding_tables",
+    "combined_children",
+    "pipeline_optimizer",
+    "is_sharded_module",
+    "fused_tables",
+    "pipeline_rewrote_model",
+]
 
 #: The torchrec version these accessors were written against.
 TORCHREC_VERSION = "1.8.0"
@@ -50,3 +60,43 @@ def combined_children(optimizer: Any) -> list[Any] | None:
 def pipeline_optimizer(pipeline: Any) -> Any:
     """The optimizer a torchrec train pipeline steps (None if it has none)."""
     return getattr(pipeline, "_optimizer", None)
+
+
+def is_sharded_module(module: Any) -> bool:
+    """A TorchRec ``ShardedModule`` (sharded EBC/EC/...): holds state derived from its first batch."""
+    from torchrec.distributed.types import ShardedModule
+
+    return isinstance(module, ShardedModule)
+
+
+def fused_tables(module: Any) -> tuple[list[Any], list[list[Any]], list[int]] | None:
+    """An FBGEMM training TBE's per-table views: ``(weights, optimizer states, feature->table)``.
+
+    ``weights[t]`` is table ``t`` as a ``(rows, dim)`` view; ``states[t]`` its optimizer states
+    (row-wise states as ``(rows,)`` views). None for any other module, and for TBEs whose rows
+    cannot be restored one by one (a software cache on the device holds rows of its own).
+    """
+    try:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+    except ImportError:  # pragma: no cover - fbgemm without the training TBE
+        return None
+    if not isinstance(module, SplitTableBatchedEmbeddingBagsCodegen):
+        return None
+    cache = getattr(module, "lxu_cache_weights", None)
+    if cache is not None and cache.numel() > 0:
+        return None
+    weights = list(module.split_embedding_weights())
+    try:
+        states = [list(s) for s in module.split_optimizer_states()]
+    except NotImplementedError:  # OptimType.NONE: no fused update, no state
+        states = [[] for _ in weights]
+    if not states:
+        states = [[] for _ in weights]
+    return weights, states, [int(t) for t in module.feature_table_map]
+
+
+def pipeline_rewrote_model(pipeline: Any) -> bool:
+    """A ``TrainPipelineSparseDist`` has rewritten its model's sharded modules (first batch seen)."""
+    return bool(getattr(pipeline, "_pipelined_modules", None))

@@ -21,12 +21,26 @@ Files are written atomically (temporary file + ``os.replace``); ``meta.json`` is
 holds the artifacts' SHA-256, so a torn or corrupt entry is detected, ignored with a warning and
 replaced by the next save. Concurrent writers with the same key write identical content.
 
+**The cache is code.** What it holds is compiled code (C++/Triton kernels, Python wrappers) that
+the next job loads and runs. Only the job's own user may be able to write the directory: entries
+are created owner-only (directories 0o700, files 0o600), and an entry (or root) that another user
+owns or that group/others may write is not used (a warning, then a miss). Never point it at a
+directory other users can write.
+
+**Hit means used.** :meth:`CompileCache.restore` never raises (an unusable root or entry is a
+logged miss) and cannot know yet whether the entry will serve the compile; it returns a
+:class:`CacheRestore` with status "pending" when something was restored. After the first compiled
+step, :meth:`CompileCache.confirm` (also called on ``__exit__``) sets it to "hit" only if Inductor
+actually served compiled graphs from the cache (its FX-graph cache hit counter grew), else "miss".
+
 Example::
 
-    cache = CompileCache(fingerprint=module_fingerprint([model.over_arch]))
-    with cache:  # restore(); TORCHINDUCTOR_CACHE_DIR points into the entry until exit
-        warm_up(model, batch, config=...)
+    config = CompileConfig(targets=("model.dense_arch", "model.over_arch"))
+    cache = CompileCache.for_targets(dmp, config)
+    with cache as restored:  # TORCHINDUCTOR_CACHE_DIR points into the entry until exit
+        warm_up(dmp, batch, config=WarmupConfig(compile=config))
         cache.save()
+    print(restored.status)   # "hit" or "miss" (or "corrupt", "off")
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -48,6 +63,10 @@ from fastinit import knobs
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from fastinit.warmup.warmup import CompileConfig
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CompileCacheConfig",
@@ -82,13 +101,19 @@ class CacheRestore:
     """What :meth:`CompileCache.restore` found."""
 
     status: str
-    """"hit" (something warm was found), "miss", "corrupt" (ignored with a warning) or "off"."""
+    """After :meth:`CompileCache.confirm`: "hit" (Inductor served compiled graphs from the
+    entry) or "miss". Straight from ``restore()``: "pending" (something was restored; not yet
+    known to be used), "miss", "corrupt" (ignored with a warning) or "off"."""
     artifacts_loaded: bool = False
     """The MegaCache file was loaded into the Inductor caches."""
     inductor_warm: bool = False
     """The entry's Inductor directory already held compiled code."""
     seconds: float = 0.0
     """Time spent restoring."""
+    cache_hits: int = 0
+    """Graphs Inductor served from its cache between restore and confirm."""
+    reason: str = ""
+    """Why the entry was not used, when it was not."""
 
 
 def module_fingerprint(
@@ -118,11 +143,37 @@ def module_fingerprint(
     return hashlib.sha256(blob).hexdigest()
 
 
+def _private_dir(path: str) -> None:
+    """Create ``path`` (and missing parents) owner-only; tighten it if it exists and is ours."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def _untrusted(path: str) -> str | None:
+    """Why ``path`` must not be loaded from (another owner, writable by others), or None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    import stat
+
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link"
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {oct(st.st_mode & 0o777)})"
+    return None
+
+
 def _atomic_write(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    _private_dir(directory)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -132,6 +183,15 @@ def _atomic_write(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _cache_hits() -> int:
+    """Graphs Inductor (FX-graph cache) and AOTAutograd served from their caches so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["fxgraph_cache_hit"]) + int(
+        counters["aot_autograd"]["autograd_cache_hit"]
+    )
 
 
 class CompileCache:
@@ -150,6 +210,31 @@ class CompileCache:
         self.path: str | None = os.path.join(root, self.key[:32]) if root else None
         self._saved_env: str | None = None
         self._env_set = False
+        self._restored: CacheRestore | None = None
+        self._hits_at_restore = 0
+
+    @classmethod
+    def for_targets(
+        cls,
+        model: nn.Module,
+        compile_config: CompileConfig,
+        config: CompileCacheConfig | None = None,
+    ) -> CompileCache:
+        """The entry for compiling ``compile_config.targets`` of ``model``: the same targets
+        :func:`fastinit.warmup.compile_modules` takes (paths in the unwrapped model, or modules),
+        fingerprinted with the compile settings (backend, mode, fullgraph, dynamic dimension).
+        """
+        from fastinit.warmup.warmup import resolve_targets
+
+        modules = [module for _, module in resolve_targets(model, compile_config.targets)]
+        extra = {
+            "targets": [path for path, _ in resolve_targets(model, compile_config.targets)],
+            "backend": compile_config.backend,
+            "mode": compile_config.mode,
+            "fullgraph": compile_config.fullgraph,
+            "batch_dim": compile_config.batch_dim,
+        }
+        return cls(module_fingerprint(modules, extra), config)
 
     def _key_fields(self, fingerprint: str) -> dict[str, Any]:
         import torch
@@ -181,15 +266,47 @@ class CompileCache:
 
     def restore(self) -> CacheRestore:
         """Activate the entry before compiling: point Inductor at its directory and, if that is
-        not warm, load the MegaCache file. Never raises on a bad entry (warns instead)."""
+        empty, load the MegaCache file. Never raises: an unusable root or entry (unwritable, not
+        a directory, not ours, corrupt) is a miss with a warning, and compilation goes on
+        uncached. The status is "pending" until :meth:`confirm` knows whether it was used."""
         start = time.perf_counter()
         if self.path is None:
             return CacheRestore(status="off")
+        try:
+            restored = self._restore()
+        except Exception as e:  # noqa: BLE001 - restore never raises: compile uncached instead
+            self.close()
+            why = f"{type(e).__name__}: {e}"
+            warnings.warn(
+                f"fastinit: compile cache {self.path} unusable ({why}); compiling without it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            restored = CacheRestore(status="miss", reason=why)
+        restored.seconds = time.perf_counter() - start
+        self._restored = restored
+        self._hits_at_restore = _cache_hits()
+        return restored
+
+    def _restore(self) -> CacheRestore:
+        assert self.path is not None
+        root = os.path.dirname(self.path)
+        for path in (root, self.path):
+            why = _untrusted(path)
+            if why is not None:
+                warnings.warn(
+                    f"fastinit: not using compile cache {self.path}: {why} (the cache holds code "
+                    "this job would run; only its owner may write it)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return CacheRestore(status="miss", reason=why)
+        _private_dir(self.path)
         warm = False
         inductor = self.inductor_path
         if inductor is not None:
-            warm = os.path.isdir(inductor) and any(os.scandir(inductor))
-            os.makedirs(inductor, exist_ok=True)
+            _private_dir(inductor)
+            warm = any(os.scandir(inductor))
             if not self._env_set:
                 self._saved_env = os.environ.get(_ENV)
                 self._env_set = True
@@ -203,13 +320,32 @@ class CompileCache:
                 corrupt = not loaded
             elif data is False:
                 corrupt = True
-        status = "corrupt" if corrupt else ("hit" if warm or loaded else "miss")
-        return CacheRestore(
-            status=status,
-            artifacts_loaded=loaded,
-            inductor_warm=warm,
-            seconds=time.perf_counter() - start,
-        )
+        status = "corrupt" if corrupt else ("pending" if warm or loaded else "miss")
+        return CacheRestore(status=status, artifacts_loaded=loaded, inductor_warm=warm)
+
+    def confirm(self) -> CacheRestore | None:
+        """After the first compiled step: did the restored entry serve the compile?
+
+        Sets the status of what :meth:`restore` returned (the same object) to "hit" when Inductor
+        or AOTAutograd served at least one graph from the cache since the restore, else "miss"
+        (e.g. junk in the Inductor directory, or code for other modules). Returns it (None before
+        any restore).
+        """
+        restored = self._restored
+        if restored is None or restored.status not in ("pending", "hit", "miss"):
+            return restored
+        if restored.status == "miss" and restored.reason:
+            return restored
+        try:
+            hits = _cache_hits() - self._hits_at_restore
+        except Exception:  # noqa: BLE001 - counters unavailable: cannot claim a hit
+            hits = 0
+        restored.cache_hits = hits
+        restored.status = "hit" if hits > 0 else "miss"
+        if hits == 0 and (restored.inductor_warm or restored.artifacts_loaded):
+            restored.reason = "restored artifacts were not used by the compiler"
+            logger.info("fastinit: compile cache %s: %s", self.path, restored.reason)
+        return restored
 
     def _read_artifacts(self) -> bytes | Literal[False] | None:
         """The verified artifacts; None if absent; False if corrupt (and the entry discarded)."""
@@ -219,6 +355,11 @@ class CompileCache:
         if not os.path.exists(meta_path):
             return None
         try:
+            import stat
+
+            for path in (meta_path, data_path):
+                if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would block open()
+                    raise ValueError(f"{os.path.basename(path)} is not a regular file")
             with open(meta_path, "rb") as f:
                 meta = json.loads(f.read())
             if meta.get("key") != self.key_fields:
@@ -281,8 +422,16 @@ class CompileCache:
             "bytes": len(data),
             "created": time.time(),
         }
-        _atomic_write(os.path.join(self.path, _ARTIFACTS), data)
-        _atomic_write(os.path.join(self.path, _META), json.dumps(meta, indent=1).encode())
+        try:
+            _atomic_write(os.path.join(self.path, _ARTIFACTS), data)
+            _atomic_write(os.path.join(self.path, _META), json.dumps(meta, indent=1).encode())
+        except OSError as e:
+            warnings.warn(
+                f"fastinit: could not save compile cache {self.path} ({type(e).__name__}: {e})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return False
         return True
 
     # -- activation ----------------------------------------------------------------------------
@@ -306,4 +455,7 @@ class CompileCache:
         return self.restore()
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.confirm()
+        finally:
+            self.close()

@@ -20,17 +20,27 @@ thread): the graph waits for them at most :attr:`GraphConfig.drain_timeout_s` an
 anyway, leaving them behind. Stages run on daemon threads (not a ``ThreadPoolExecutor``, whose
 threads the interpreter joins at exit), so a stage stuck forever cannot keep the process alive
 after the error has been raised. A peer blocked in a collective whose
-partner failed is released by the process group's own timeout; give the graph a ``store`` and
-every rank's error also names the stage (and rank) that failed first.
+partner failed is released by the process group's own timeout. Every rank's error also names the
+stage (and rank) that failed first, published through a c10d store: ``GraphConfig.store``, or by
+default the store of the default process group, looked up when a failure happens, so a stage of the
+graph itself may create the process group.
 
-Example::
+Inputs: ``deps`` names the stages whose results a stage takes: a mapping ``{parameter: stage}``
+passes them by keyword, a sequence passes them positionally in order; ``after`` names stages that
+must finish first without passing their results (ordering only).
 
-    graph = StageGraph(GraphConfig(store=store))
-    graph.add("process_group_init", init_pg, collective=True)
+CUDA: the current device is per thread. Before each stage, its thread sets
+:attr:`GraphConfig.device` (by default ``cuda:$LOCAL_RANK`` when torch is loaded and CUDA is
+available; nothing on CPU).
+
+Example (a torchrun trainer; the process group is created by a stage)::
+
+    graph = StageGraph()
+    graph.add("process_group_init", lambda: dist.init_process_group("nccl"), collective=True)
     graph.add("preproc_creation", make_dataloader)
-    graph.add("train_module_creation", shard, deps=("process_group_init",), collective=True)
-    graph.add("get_first_batch_data", lambda it: next(it), deps=("preproc_creation",))
-    graph.add("pre_train", warm_up, deps=("train_module_creation",), collective=True)
+    graph.add("train_module_creation", shard, after=("process_group_init",), collective=True)
+    graph.add("get_first_batch_data", next, deps=("preproc_creation",))
+    graph.add("pre_train", warm, deps={"model": "train_module_creation"}, collective=True)
     results = graph.run()
 """
 
@@ -43,7 +53,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastinit import trace
@@ -60,11 +70,20 @@ class Stage:
     name: str
     """Unique name; also the name of the stage's :class:`fastinit.trace.span`."""
     fn: Callable[..., Any]
-    """Called with the results of ``deps``, positionally, in the order of ``deps``."""
+    """Called with the results of ``deps`` (positionally) and ``inputs`` (by keyword)."""
     deps: tuple[str, ...] = ()
-    """Stages that must finish first (declared before this one)."""
+    """Stages whose results are passed positionally, in this order."""
+    inputs: tuple[tuple[str, str], ...] = ()
+    """``(parameter, stage)`` pairs: that stage's result is passed as that keyword argument."""
+    after: tuple[str, ...] = ()
+    """Stages that must finish first; their results are not passed (ordering only)."""
     collective: bool = False
     """Issues collectives: runs on the collective lane, in declaration order."""
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """Every stage that must finish before this one."""
+        return (*self.deps, *(stage for _, stage in self.inputs), *self.after)
 
 
 class StageError(RuntimeError):
@@ -102,9 +121,14 @@ class GraphConfig:
     rank: int | None = None
     """Rank named in errors; default: the process group's rank, else ``RANK``, else 0."""
     store: Any = None
-    """A c10d store shared by the ranks: on failure this rank publishes ``stage@rank`` there, and
-    a failing rank reads the first published failure so its error names it. Touched only on
-    failure (no store traffic when start-up succeeds)."""
+    """A c10d store shared by the ranks, or a callable returning one (called on failure): on
+    failure this rank publishes ``stage@rank`` there, and reads the first published failure so its
+    error names it. None: the default process group's store, if one exists by then. Touched only
+    on failure (no store traffic when start-up succeeds)."""
+    device: Any = "auto"
+    """The CUDA device each stage's thread makes current before the stage runs (the current
+    device is per thread). "auto": ``cuda:$LOCAL_RANK`` when torch is already loaded and CUDA is
+    available, else nothing; None: never set."""
     name: str = "startup"
     """Names the store key, so several graphs in one job do not mix their failures."""
 
@@ -119,6 +143,35 @@ class GraphConfig:
 
 class _Cancelled(Exception):
     """Raised inside the lane when the graph was cancelled before a stage could start."""
+
+
+def _thread_device(setting: Any) -> Any:
+    """The device stage threads make current, resolved once per run (None: leave as is)."""
+    if setting is None:
+        return None
+    if setting != "auto":
+        return setting
+    torch = sys.modules.get("torch")  # never import torch just to learn the device
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def _set_device(device: Any) -> None:
+    if device is None:
+        return
+    from fastinit.warmup.warmup import set_thread_device
+
+    set_thread_device(device)
+
+
+def _default_store() -> Any:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
 
 
 def _default_rank() -> int:
@@ -148,40 +201,63 @@ class StageGraph:
         self,
         name: str,
         fn: Callable[..., Any],
-        deps: Sequence[str] = (),
+        deps: Sequence[str] | Mapping[str, str] = (),
         *,
+        after: Sequence[str] = (),
         collective: bool = False,
     ) -> StageGraph:
         """Declare a stage; returns the graph so declarations can chain.
 
         Args:
             name: unique stage name.
-            fn: called with the results of ``deps`` (positionally, in order).
-            deps: names of stages declared earlier (so the graph is acyclic by construction).
+            fn: the stage; called with the results of ``deps``.
+            deps: the stages whose results ``fn`` takes: ``{parameter: stage}`` passes each by
+                keyword; a sequence of stage names passes them positionally, in order.
+            after: stages that must finish first, whose results ``fn`` does not take.
             collective: the stage issues collectives (runs on the collective lane).
 
         Raises:
             ValueError: duplicate name or a dependency not declared yet.
         """
-        if name in self._stages:
-            raise ValueError(f"stage {name!r} is declared twice")
-        missing = [d for d in deps if d not in self._stages]
-        if missing:
-            raise ValueError(f"stage {name!r} depends on undeclared stage(s) {missing}")
-        self._stages[name] = Stage(name=name, fn=fn, deps=tuple(deps), collective=collective)
-        return self
+        if isinstance(deps, str) or isinstance(after, str):
+            raise TypeError("deps and after take stage names in a sequence, not one string")
+        if isinstance(deps, Mapping):
+            positional: tuple[str, ...] = ()
+            inputs = tuple((str(k), str(v)) for k, v in deps.items())
+        else:
+            positional, inputs = tuple(deps), ()
+        stage = Stage(
+            name=name,
+            fn=fn,
+            deps=positional,
+            inputs=inputs,
+            after=tuple(after),
+            collective=collective,
+        )
+        return self.add_stage(stage)
 
     def add_stage(self, stage: Stage) -> StageGraph:
         """Declare a prepared :class:`Stage` (e.g. from :func:`fastinit.warmup.resume_stage`)."""
-        return self.add(stage.name, stage.fn, stage.deps, collective=stage.collective)
+        if stage.name in self._stages:
+            raise ValueError(f"stage {stage.name!r} is declared twice")
+        missing = [d for d in stage.requires if d not in self._stages]
+        if missing:
+            raise ValueError(f"stage {stage.name!r} depends on undeclared stage(s) {missing}")
+        self._stages[stage.name] = stage
+        return self
 
     def stage(
-        self, name: str | None = None, deps: Sequence[str] = (), *, collective: bool = False
+        self,
+        name: str | None = None,
+        deps: Sequence[str] | Mapping[str, str] = (),
+        *,
+        after: Sequence[str] = (),
+        collective: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator form of :meth:`add` (the name defaults to the function's)."""
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add(name or fn.__name__, fn, deps, collective=collective)
+            self.add(name or fn.__name__, fn, deps, after=after, collective=collective)
             return fn
 
         return decorate
@@ -205,7 +281,7 @@ class _Run:
     def __init__(self, stages: list[Stage], config: GraphConfig) -> None:
         self.stages = stages
         self.config = config
-        self.rank = config.rank if config.rank is not None else _default_rank()
+        self.device = _thread_device(config.device)
         self.results: dict[str, Any] = {}
         self.cond = threading.Condition()
         self.cancelled = False
@@ -220,11 +296,13 @@ class _Run:
             if self.cancelled:
                 return False
             args = [self.results[d] for d in stage.deps]
+            kwargs = {param: self.results[d] for param, d in stage.inputs}
             self.running.add(stage.name)
         error: BaseException | None = None
         try:
+            _set_device(self.device)
             with trace.span(stage.name, collective=stage.collective):
-                value = stage.fn(*args)
+                value = stage.fn(*args, **kwargs)
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             error = e
         with self.cond:
@@ -243,7 +321,7 @@ class _Run:
         tracer = trace.active()
         with tracer.attach_thread() if tracer is not None else contextlib.nullcontext():
             for stage in stages:
-                deps = stage.deps
+                deps = stage.requires
 
                 def ready(deps: tuple[str, ...] = deps) -> bool:
                     return self.cancelled or all(d in self.results for d in deps)
@@ -282,7 +360,7 @@ class _Run:
                     if stage.name in submitted:
                         continue
                     with self.cond:
-                        ready = all(d in self.results for d in stage.deps)
+                        ready = all(d in self.results for d in stage.requires)
                     if ready:
                         submitted.add(stage.name)
                         work.put(stage)
@@ -315,8 +393,9 @@ class _Run:
             return dict(self.results)
         self._drain(threads)
         failed, error = failure
-        first = self._publish(failed)
-        raise StageError(failed, self.rank, error, first) from error
+        rank = self.config.rank if self.config.rank is not None else _default_rank()
+        first = self._publish(failed, rank)
+        raise StageError(failed, rank, error, first) from error
 
     def _cancel(self) -> None:
         with self.cond:
@@ -329,20 +408,24 @@ class _Run:
         for thread in threads:
             thread.join(max(0.0, end - time.monotonic()))
 
-    def _publish(self, stage: str) -> tuple[str, int] | None:
+    def _publish(self, stage: str, rank: int) -> tuple[str, int] | None:
         """Record this failure in the shared store (first writer wins) and read the first one."""
-        store = self.config.store
-        if store is None:
-            return None
         key = _FAILURE_KEY.format(graph=self.config.name)
-        mine = f"{stage}@{self.rank}".encode()
+        mine = f"{stage}@{rank}".encode()
         try:
+            store = self.config.store
+            if store is None:
+                store = _default_store()
+            elif callable(store) and not hasattr(store, "compare_set"):
+                store = store()
+            if store is None:
+                return None
             first = store.compare_set(key, "", mine)
         except Exception:  # noqa: BLE001 - the store may be gone with the failing peer
             return None
         text = bytes(first).decode(errors="replace")
-        name, _, rank = text.rpartition("@")
+        name, _, first_rank = text.rpartition("@")
         try:
-            return (name, int(rank))
+            return (name, int(first_rank))
         except ValueError:
             return None

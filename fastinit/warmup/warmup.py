@@ -1,4 +1,4 @@
-"""Compile and exercise the model on a fast batch without changing any training state.
+"""Compile and exercise the model on a fast batch without changing what the job trains.
 
 :func:`compile_modules` compiles the chosen submodules in place (their ``forward`` is replaced, so
 parameter names and state_dict keys do not change) and marks the batch dimension of their tensor
@@ -6,21 +6,25 @@ inputs dynamic, so a real batch of another size — or with other jagged lengths
 the compiled code instead of recompiling.
 
 :func:`warm_up` runs forward and backward (or one step of a ``TrainPipelineSparseDist``) on a fast
-batch inside :func:`preserved_state`, which snapshots and afterwards restores, bit for bit:
+batch inside :func:`preserved_state`, which afterwards restores:
 
-* every parameter, buffer and plain tensor attribute of every submodule — this includes the
-  tables and optimizer states held inside FBGEMM's fused TBE kernels, which torchrec's fused
-  embedding optimizers (e.g. EXACT_ROWWISE_ADAGRAD) update *during backward*;
-* every gradient (``None`` stays ``None``);
-* the state of the given optimizers (dense ones and torchrec's Keyed/Combined/fused ones);
-* the CPU (and CUDA) random number generators.
+* **values, bit for bit**: the rows of the embedding tables the warm-up step looked up and their
+  fused optimizer state (torchrec's fused optimizers, e.g. EXACT_ROWWISE_ADAGRAD, update the
+  looked-up rows *during backward*); every other parameter, buffer and tensor attribute (dense
+  parameters, data-parallel tables, counters); every gradient (``None`` stays ``None``); the
+  state of the given optimizers; the CPU (and CUDA) random number generators;
+* **what TorchRec derives from the first batch it sees**: each sharded module's input
+  distribution (the feature order ``_features_order``, the per-sharding feature splits, the
+  input-dist modules, mean-pooling and variable-batch helpers), restored to "not yet built"; and a
+  train pipeline's state (its model rewrite, queued batches and contexts, counters), so the real
+  first batch builds all of it exactly as in a job without warm-up, whatever its feature order.
 
-What it does not restore, on purpose: Python-side counters that do not affect numbers (FBGEMM's
-``step`` used for stats reporting), the lazily built input distribution of sharded modules (built
-from the first batch's feature order, which is why a fast batch must present the features in the
-pipeline's order), DDP's bucket rebuild, and a train pipeline's rewritten model.
+Only touched rows are copied: the snapshot is the size of the dense part plus a few rows per
+table, not a copy of the tables (``WarmupConfig(snapshot="full")`` copies everything, the
+behaviour of earlier versions; a TBE with a device-side software cache is always copied whole).
 
-The snapshot costs one copy of the rank's local model and optimizer state in host/device memory.
+Not restored, and why it cannot change training: compiled code and dynamo's caches (the point of
+warm-up); DDP's gradient-bucket rebuild, whose order follows the autograd graph, not the batch.
 
 Collectives: a forward through sharded embedding modules issues all-to-alls and DDP's backward an
 all-reduce, so warm-up on a sharded model is a collective stage (every rank runs it).
@@ -40,6 +44,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "StateSnapshot",
+    "resolve_targets",
+    "set_thread_device",
     "CompileConfig",
     "WarmupConfig",
     "WarmupReport",
@@ -55,9 +62,15 @@ class CompileConfig:
     """What is compiled, and how."""
 
     targets: tuple[Any, ...] = ()
-    """Submodules to compile: paths relative to the unwrapped model (``"over_arch"``; ``""`` is the
-    whole model) or the modules themselves. Empty: nothing is compiled (warm-up still runs). A TorchRec trainer compiles its dense part;
-    the sharded embedding modules need not be compiled."""
+    """Submodules to compile, each a dotted path relative to the *unwrapped* model (the module
+    inside ``DistributedModelParallel`` / DDP; ``""`` is the whole model) or the module object.
+    Empty: nothing is compiled (warm-up still runs). Compile the dense part; the sharded embedding
+    modules need not (and, under a train pipeline, should not) be compiled. For TorchRec's
+    ``DLRMTrain`` (``DLRMTrain.model`` is the ``DLRM``)::
+
+        CompileConfig(targets=("model.dense_arch", "model.inter_arch", "model.over_arch"))
+
+    :meth:`fastinit.warmup.CompileCache.for_targets` takes the same targets."""
     backend: str = "inductor"
     """``torch.compile`` backend ("inductor"; "aot_eager" to check tracing cheaply)."""
     mode: str | None = None
@@ -82,6 +95,9 @@ class WarmupConfig:
     """Compile these targets first (None: compile nothing; already compiled modules are kept)."""
     steps: int = 1
     """Forward+backward passes on the fast batch (one compiles forward and backward)."""
+    snapshot: str = "touched"
+    """"touched": fused tables are saved row by row as the step looks them up (a few rows per
+    table); "full": every local tensor is copied whole (costs a copy of the rank's model)."""
     loss_fn: Callable[[Any], Any] | None = None
     """Maps the model's output to a scalar to differentiate; default: the output itself, or its
     first element for a tuple/list (TorchRec's ``(loss, aux)`` convention), summed if not scalar."""
@@ -89,6 +105,8 @@ class WarmupConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.snapshot not in ("touched", "full"):
+            raise ValueError(f"snapshot must be 'touched' or 'full', got {self.snapshot!r}")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -102,7 +120,9 @@ class WarmupReport:
     compiled_modules: list[str]
     """Paths of the modules compiled by this call."""
     snapshot_bytes: int
-    """Bytes copied to snapshot the state."""
+    """Bytes the snapshot held at its largest (the extra memory warm-up needed for it)."""
+    model_bytes: int = 0
+    """Local bytes of the model and optimizer state (what a whole copy would hold)."""
 
 
 _COMPILED_ATTR = "_fastinit_compiled"
@@ -141,14 +161,8 @@ def compile_modules(model: nn.Module, config: CompileConfig) -> list[str]:
     import torch
     from torch.utils._pytree import tree_leaves
 
-    root = _unwrap(model)
     compiled: list[str] = []
-    for target in config.targets:
-        if isinstance(target, str):
-            module = root.get_submodule(target) if target else root
-            path = target
-        else:
-            module, path = target, _path_of(root, target)
+    for path, module in resolve_targets(model, config.targets):
         if getattr(module, _COMPILED_ATTR, False):
             continue
         fn = torch.compile(
@@ -167,6 +181,22 @@ def compile_modules(model: nn.Module, config: CompileConfig) -> list[str]:
         setattr(module, _COMPILED_ATTR, True)
         compiled.append(path)
     return compiled
+
+
+def resolve_targets(model: nn.Module, targets: Iterable[Any]) -> list[tuple[str, nn.Module]]:
+    """``(path, module)`` for each compile target (see :attr:`CompileConfig.targets`).
+
+    Raises:
+        AttributeError: a path names no submodule of the unwrapped model.
+    """
+    root = _unwrap(model)
+    out: list[tuple[str, nn.Module]] = []
+    for target in targets:
+        if isinstance(target, str):
+            out.append((target, root.get_submodule(target) if target else root))
+        else:
+            out.append((_path_of(root, target), target))
+    return out
 
 
 def _path_of(root: nn.Module, module: nn.Module) -> str:
@@ -214,38 +244,231 @@ def _leaf_optimizers(optimizers: Iterable[Any]) -> list[Any]:
     return out
 
 
-class _Snapshot:
-    """Saved copies of every tensor of a model and its optimizers, restorable in place."""
+def _all_modules(model: nn.Module) -> list[nn.Module]:
+    """Every module reachable from ``model``: registered children, and modules held in plain
+    attributes or lists (TorchRec's sharded modules keep their lookups - and so FBGEMM's kernels
+    with the tables - in a plain list, which ``modules()`` does not visit)."""
+    from torch import nn
 
-    def __init__(self, model: nn.Module, optimizers: Sequence[Any]) -> None:
+    out: list[nn.Module] = []
+    seen: set[int] = set()
+    stack: list[nn.Module] = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append(module)
+        children: list[nn.Module] = list(module._modules.values())  # type: ignore[arg-type]
+        for value in vars(module).values():
+            if isinstance(value, nn.Module):
+                children.append(value)
+            elif isinstance(value, list | tuple):
+                children.extend(v for v in value if isinstance(v, nn.Module))
+        stack.extend(reversed([c for c in children if c is not None]))
+    return out
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _is_whole(t: torch.Tensor) -> bool:
+    """``t`` spans its whole storage."""
+    return (
+        t.device.type != "meta"
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and _nbytes(t) == t.untyped_storage().nbytes()
+    )
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().data_ptr())
+
+
+def _contents(value: Any) -> Any:
+    """A shallow copy of a mutable container's contents (None for anything else)."""
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return list(value.items())
+    if isinstance(value, set):
+        return set(value)
+    if type(value).__name__ == "deque":
+        return list(value)
+    return None
+
+
+class _Bindings:
+    """An object's attribute bindings, restorable: attributes added later are removed, rebound
+    ones rebound, and mutable containers (lists, dicts, sets, deques) get their contents back in
+    place (hook handles and other holders of those containers stay valid)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.saved = {k: (v, _contents(v)) for k, v in vars(obj).items()}
+
+    def restore(self) -> None:
+        live = vars(self.obj)
+        for key in [k for k in live if k not in self.saved]:
+            del live[key]
+        for key, (value, contents) in self.saved.items():
+            if contents is not None:
+                if isinstance(value, dict | set):
+                    value.clear()
+                    value.update(contents)
+                else:  # list or deque
+                    value.clear()
+                    value.extend(contents)
+            live[key] = value
+
+
+class _TouchedRows:
+    """Rows of one FBGEMM TBE's tables (and their optimizer states) saved as the warm-up step
+    looks them up, before its backward updates them."""
+
+    def __init__(
+        self,
+        snapshot: StateSnapshot,
+        module: nn.Module,
+        tables: tuple[list[torch.Tensor], list[list[torch.Tensor]], list[int]],
+    ) -> None:
+        self.snapshot = snapshot
+        self.weights, self.states, self.feature_table = tables
+        self.saved: dict[int, list[tuple[torch.Tensor, list[torch.Tensor]]]] = {}
+        self.rows: dict[int, torch.Tensor] = {}
+        self.handle = module.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def views(self) -> list[torch.Tensor]:
+        return [*self.weights, *(s for per_table in self.states for s in per_table)]
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch
+
+        names = ("indices", "offsets", "per_sample_weights", "feature_requires_grad")
+        bound = dict(zip(names, args)) | kwargs
+        indices, offsets = bound["indices"], bound["offsets"]
+        per_rank = bound.get("batch_size_per_feature_per_rank")
+        features = len(self.feature_table)
+        if per_rank is not None:
+            bags = [sum(b) for b in per_rank]
+        else:
+            bags = [(offsets.numel() - 1) // max(features, 1)] * features
+        with torch.no_grad():
+            offsets = offsets.to("cpu", torch.int64)
+            bounds = [0]
+            for b in bags:
+                bounds.append(bounds[-1] + b)
+            for f, table in enumerate(self.feature_table):
+                lo, hi = int(offsets[bounds[f]]), int(offsets[bounds[f + 1]])
+                if hi > lo:
+                    self._save(table, indices[lo:hi])
+
+    def _save(self, table: int, ids: torch.Tensor) -> None:
+        import torch
+
+        weight = self.weights[table]
+        rows = torch.unique(ids.to(weight.device, torch.int64))
+        rows = rows[(rows >= 0) & (rows < weight.shape[0])]
+        done = self.rows.get(table)
+        if done is not None:
+            rows = rows[~torch.isin(rows, done)]
+            self.rows[table] = torch.cat([done, rows])
+        else:
+            self.rows[table] = rows
+        if rows.numel() == 0:
+            return
+        saved = (rows, [self.snapshot._clone(weight[rows], row=True)])
+        for state in self.states[table]:
+            saved[1].append(self.snapshot._clone(state[rows.to(state.device)], row=True))
+        self.snapshot.nbytes += _nbytes(rows)
+        self.saved.setdefault(table, []).append(saved)
+
+    def restore(self) -> None:
+        for table, entries in self.saved.items():
+            targets = [self.weights[table], *self.states[table]]
+            for rows, values in entries:
+                for target, value in zip(targets, values):
+                    target[rows.to(target.device)] = value
+
+
+class StateSnapshot:
+    """What a warm-up step can change, saved so it can be put back in place (see the module
+    docstring); ``touched_rows=False`` copies every table whole."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: Sequence[Any],
+        pipeline: Any = None,
+        *,
+        touched_rows: bool = True,
+    ) -> None:
+        import torch
+
+        from fastinit.warmup._torchrec import fused_tables, is_sharded_module
 
         self.tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.grads: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
         self.optimizers: list[tuple[Any, dict[Any, Any], list[dict[str, Any]]]] = []
         self.nbytes = 0
+        self.model_bytes = 0
         self._covered: set[int] = set()
         self._seen: set[tuple[Any, ...]] = set()
-        with torch.no_grad():
-            for module in model.modules():
-                for p in module.parameters(recurse=False):
-                    self._add(p)
-                    self.grads.append((p, p.grad, None if p.grad is None else self._clone(p.grad)))
-                for b in module.buffers(recurse=False):
-                    self._add(b)
-                for value in vars(module).values():  # e.g. FBGEMM's iter_cpu
-                    if isinstance(value, torch.Tensor):
-                        self._add(value)
-            for value in model.state_dict(keep_vars=True).values():
-                for t in _local_tensors(value):
-                    self._add(t)
-            for opt in _leaf_optimizers(optimizers):
-                self.optimizers.append((opt, self._save_state(opt.state), self._groups(opt)))
-            self.cpu_rng = torch.get_rng_state()
-            self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self._by_rows: set[int] = set()
+        self.rows: list[_TouchedRows] = []
+        self.bindings: list[_Bindings] = []
+        self.pipeline = pipeline
+        self.pipeline_was_rewritten = False
+        modules = _all_modules(model)
+        try:
+            if pipeline is not None:
+                from fastinit.warmup._torchrec import pipeline_rewrote_model
 
-    def _clone(self, t: torch.Tensor) -> torch.Tensor:
-        self.nbytes += t.numel() * t.element_size()
+                self.pipeline_was_rewritten = pipeline_rewrote_model(pipeline)
+                self.bindings.append(_Bindings(pipeline))
+            with torch.no_grad():
+                for module in modules:
+                    if is_sharded_module(module):
+                        self.bindings.append(_Bindings(module))
+                    tables = fused_tables(module) if touched_rows else None
+                    if tables is not None:
+                        touched = _TouchedRows(self, module, tables)
+                        self.rows.append(touched)
+                        for view in touched.views():
+                            if view.numel() and _ptr(view) not in self._by_rows:
+                                self._by_rows.add(_ptr(view))
+                                self.model_bytes += view.untyped_storage().nbytes()
+                found: list[torch.Tensor] = []
+                for module in modules:
+                    for p in module.parameters(recurse=False):
+                        found.append(p)
+                        grad = None if p.grad is None else self._clone(p.grad)
+                        self.grads.append((p, p.grad, grad))
+                    found.extend(module.buffers(recurse=False))
+                    found.extend(  # e.g. FBGEMM's iter_cpu
+                        v for v in vars(module).values() if isinstance(v, torch.Tensor)
+                    )
+                for value in model.state_dict(keep_vars=True).values():
+                    found.extend(_local_tensors(value))
+                # Whole storages first, so views into them (a table's shards) are not copied twice.
+                for t in sorted(found, key=lambda t: not _is_whole(t)):
+                    self._add(t)
+                for opt in _leaf_optimizers(optimizers):
+                    self.optimizers.append((opt, self._save_state(opt.state), self._groups(opt)))
+                self.cpu_rng = torch.get_rng_state()
+                self.cuda_rng = (
+                    torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+                )
+        except BaseException:
+            self._unhook()
+            raise
+
+    def _clone(self, t: torch.Tensor, *, row: bool = False) -> torch.Tensor:
+        self.nbytes += _nbytes(t)
+        if not row:  # a whole copy: part of what a full snapshot holds
+            self.model_bytes += _nbytes(t)
         return t.detach().clone()
 
     def _add(self, t: torch.Tensor) -> None:
@@ -260,12 +483,11 @@ class _Snapshot:
         if key in self._seen:
             return
         self._seen.add(key)
-        if (
-            t.storage_offset() == 0
-            and t.is_contiguous()
-            and t.numel() * t.element_size() == storage.nbytes()
-        ):
+        whole = t.storage_offset() == 0 and t.is_contiguous() and _nbytes(t) == storage.nbytes()
+        if whole:
             self._covered.add(ptr)
+        if ptr in self._by_rows:  # a fused table or its state: saved row by row
+            return
         self.tensors.append((t, self._clone(t)))
 
     def _save_state(self, state: dict[Any, Any]) -> dict[Any, Any]:
@@ -278,21 +500,44 @@ class _Snapshot:
             for k, v in entry.items():
                 locals_ = _local_tensors(v)
                 if locals_:
-                    values[k] = (v, [self._clone(t) for t in locals_])
+                    copies = [None if self._saved_elsewhere(t) else self._clone(t) for t in locals_]
+                    values[k] = (v, copies)
                 else:
                     values[k] = (v, copy.deepcopy(v))
             saved[param] = (entry, values)
         return saved
+
+    def _saved_elsewhere(self, t: torch.Tensor) -> bool:
+        """``t`` lies in a storage saved whole, or row by row, already."""
+        if t.numel() == 0:
+            return False
+        if _ptr(t) in self._by_rows:
+            return True
+        return _ptr(t) in self._covered
 
     @staticmethod
     def _groups(opt: Any) -> list[dict[str, Any]]:
         groups = getattr(opt, "param_groups", None) or []
         return [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in groups]
 
+    def _unhook(self) -> None:
+        for touched in self.rows:
+            touched.handle.remove()
+
     def restore(self) -> None:
         import torch
 
+        self._unhook()
+        if self.pipeline is not None and not self.pipeline_was_rewritten:
+            from fastinit.warmup._torchrec import pipeline_rewrote_model
+
+            if pipeline_rewrote_model(self.pipeline):
+                self.pipeline.detach()  # puts back forwards and postprocs it rewrote
+        for bindings in self.bindings:
+            bindings.restore()
         with torch.no_grad():
+            for touched in self.rows:
+                touched.restore()
             for live, saved in self.tensors:
                 live.copy_(saved)
             for p, grad, saved_grad in self.grads:
@@ -323,7 +568,8 @@ class _Snapshot:
             for k, (original, copy_) in values.items():
                 if isinstance(copy_, list):
                     for live, data in zip(_local_tensors(original), copy_):
-                        live.copy_(data)
+                        if data is not None:
+                            live.copy_(data)
                     entry[k] = original
                 else:
                     entry[k] = copy_
@@ -331,15 +577,29 @@ class _Snapshot:
 
 
 @contextlib.contextmanager
-def preserved_state(model: nn.Module, optimizers: Sequence[Any] = ()) -> Iterator[int]:
-    """Snapshot the model's and optimizers' state; restore it bit for bit on exit (also on error).
+def preserved_state(
+    model: nn.Module,
+    optimizers: Sequence[Any] = (),
+    *,
+    pipeline: Any = None,
+    touched_rows: bool = True,
+) -> Iterator[StateSnapshot]:
+    """Snapshot what a training step can change; put it back on exit (also on error).
+
+    Args:
+        model: the model (plain, DDP- or DMP-wrapped).
+        optimizers: optimizers whose state must come back too.
+        pipeline: a TorchRec train pipeline whose state (model rewrite, queued batches) must come
+            back too.
+        touched_rows: save fused tables row by row as they are looked up (False: whole).
 
     Yields:
-        The bytes the snapshot holds.
+        The snapshot: ``nbytes`` is what it holds (it grows as rows are looked up),
+        ``model_bytes`` the local model and optimizer bytes a whole copy would hold.
     """
-    snapshot = _Snapshot(model, optimizers)
+    snapshot = StateSnapshot(model, optimizers, pipeline, touched_rows=touched_rows)
     try:
-        yield snapshot.nbytes
+        yield snapshot
     finally:
         snapshot.restore()
 
@@ -350,13 +610,40 @@ def _default_loss(output: Any) -> Any:
 
 
 def _pipeline_step(pipeline: Any, batch: Any) -> None:
-    """One ``progress`` of a TorchRec train pipeline on ``batch``, then an empty pipeline."""
-    try:
-        pipeline.progress(iter([batch]))
-    finally:
-        reset = getattr(pipeline, "reset", None)
-        if callable(reset):
-            reset()
+    """One ``progress`` of a TorchRec train pipeline on ``batch`` (its state is restored later)."""
+    pipeline.progress(iter([batch]))
+
+
+def set_thread_device(device: Any) -> None:
+    """Make ``device`` the current CUDA device of the calling thread (no-op for other devices).
+
+    The CUDA current device is per thread: a stage running on a worker thread starts on
+    ``cuda:0`` unless it sets its own.
+    """
+    import torch
+
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+
+
+def _batch_device(batch: Any) -> Any:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    if hasattr(batch, "__dict__"):
+        leaves = [*vars(batch).values()]
+    else:
+        leaves = tree_leaves(batch)
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+        device = getattr(leaf, "device", None)
+        if callable(device):
+            return device()
+    return None
 
 
 def warm_up(
@@ -367,18 +654,24 @@ def warm_up(
     pipeline: Any = None,
     config: WarmupConfig | None = None,
 ) -> WarmupReport:
-    """Compile (optionally) and run forward+backward on ``batch``; leave every state as it was.
+    """Compile (optionally) and run training steps on ``batch``; leave training as it was.
+
+    Afterwards the model, the optimizers, the pipeline and the RNG are as before the call (see
+    the module docstring), including what TorchRec derives from the first batch it sees: the
+    real first batch, in whatever feature order the pipeline uses, sets it up as in a job without
+    warm-up. The warm-up batch should still have the pipeline's form
+    (:func:`fastinit.warmup.schema_from_batch`, :func:`fastinit.warmup.check_batch`), or the
+    compiled code is exercised on another input than the job's.
 
     Args:
         model: the model (plain, DDP- or DMP-wrapped).
         batch: a fast batch (:func:`fastinit.warmup.fast_batch`), on the model's device.
         optimizers: optimizers whose state must not change (dense ones; a DMP's fused optimizer is
-            added automatically). The fused optimizer's tables and states are also restored
-            through the module walk.
-        pipeline: a ``TrainPipelineSparseDist`` (or any pipeline with ``progress``/``reset``): it
-            runs one full step on the batch (priming its model rewrite and input dist), and its
-            optimizer's state is restored too.
-        config: compile targets and steps.
+            added automatically).
+        pipeline: a ``TrainPipelineSparseDist`` (or any pipeline with ``progress``): it runs
+            full steps on the batch (forward, backward, its optimizer's step), and then its own
+            state and its optimizer's are restored too.
+        config: compile targets, steps, snapshot mode.
 
     Returns:
         A :class:`WarmupReport`.
@@ -387,6 +680,7 @@ def warm_up(
 
     config = config or WarmupConfig()
     start = time.perf_counter()
+    set_thread_device(_batch_device(batch))
     graphs = compile_count()
     compiled = compile_modules(model, config.compile) if config.compile is not None else []
     opts = list(optimizers)
@@ -396,7 +690,8 @@ def warm_up(
     if pipeline is not None:
         opts.append(pipeline_optimizer(pipeline))
     loss_fn = config.loss_fn or _default_loss
-    with preserved_state(model, opts) as nbytes:
+    touched = config.snapshot == "touched"
+    with preserved_state(model, opts, pipeline=pipeline, touched_rows=touched) as snapshot:
         for _ in range(config.steps):
             if pipeline is not None:
                 _pipeline_step(pipeline, batch)
@@ -406,5 +701,6 @@ def warm_up(
         seconds=time.perf_counter() - start,
         graphs_compiled=compile_count() - graphs,
         compiled_modules=compiled,
-        snapshot_bytes=nbytes,
+        snapshot_bytes=snapshot.nbytes,
+        model_bytes=snapshot.model_bytes,
     )

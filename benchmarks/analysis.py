@@ -34,6 +34,7 @@ _INFO_KEYS = (
     "compile_cache",
     "compile_artifacts",
     "saved_plan",
+    "warmup",
     "warmup_graphs",
     "first_step_graphs",
     "graphs_total",

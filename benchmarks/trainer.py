@@ -21,9 +21,11 @@ moment that first ``progress`` returns; a ``launch`` span covers interpreter sta
   :func:`torch.compiler.save_cache_artifacts` before the first compile, and the previous run's
   plan (``torch.save``-d to ``--cache-dir``) passed as ``plan=`` instead of planning again.
 * ``--mode fastinit``: a :class:`fastinit.warmup.StageGraph`: the data pipeline starts
-  (``preproc_creation``) and produces the real first batch while the model is sharded by
-  :func:`fastinit.setup` (plan cache) and ``pre_train`` compiles it on a synthetic fast batch
-  (compile cache) without changing any state.
+  (``preproc_creation``, once the imports are done) and produces the real first batch while the
+  model is sharded by :func:`fastinit.setup` (plan cache); ``pre_train`` restores the compile
+  cache and, where the host has a spare core per rank (``--warmup auto``), compiles the model on
+  a synthetic fast batch without changing any state; otherwise the first step compiles, as in
+  stock, and no extra step is paid.
 
 Real parts (the same in every mode): DataLoader worker processes, forked once the trainer has
 imported torch and TorchRec (``--worker-start fork``, Linux's default; ``spawn`` re-imports torch
@@ -127,6 +129,11 @@ class TrainerConfig:
     """How DataLoader workers start: "fork" (after the imports; Linux's default) or "spawn"."""
     compile: bool = True
     """torch.compile the dense + over arch (off only to keep tests fast)."""
+    warmup: str = "auto"
+    """fastinit's pre_train: "fast-batch" (compile and run forward/backward on a synthetic batch,
+    state restored, beside the data pipeline), "none" (the first step compiles, as stock), or
+    "auto": the fast-batch warm-up only where the host has a spare core per rank to overlap it
+    with (on a host with a core per rank it is an extra step on the critical path)."""
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
@@ -138,6 +145,8 @@ class TrainerConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode == "stock-best" and not self.cache_dir:
             raise ValueError("stock-best needs --cache-dir (its shared storage)")
+        if self.warmup not in ("auto", "fast-batch", "none"):
+            raise ValueError(f"warmup must be auto, fast-batch or none, got {self.warmup!r}")
         if self.worker_start not in ("fork", "spawn"):
             raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
         if self.model not in MODELS:
@@ -356,6 +365,7 @@ class _Trainer:
             CompileCacheConfig,
             CompileConfig,
             WarmupConfig,
+            compile_modules,
             fast_batch,
             module_fingerprint,
             schema_from_model,
@@ -378,6 +388,16 @@ class _Trainer:
             restored = self.compile_cache.restore()
             self.info["compile_cache"] = restored.status
             self.info["compile_cache_restore_s"] = restored.seconds
+        warmup = self.config.warmup
+        if warmup == "auto":
+            warmup = "fast-batch" if _cores_per_rank() >= 2 else "none"
+        self.info["warmup"] = warmup
+        if warmup == "none" or compile_config is None:
+            # Nothing to overlap the compilation with: let the first step compile (from the
+            # compile cache's Inductor directory when it hit) instead of paying an extra step.
+            if compile_config is not None:
+                compile_modules(model, compile_config)
+            return None
         device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else None
         batch = fast_batch(
             schema_from_model(model),
@@ -444,6 +464,15 @@ def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(*args)
 
     return run
+
+
+def _cores_per_rank() -> float:
+    """CPU cores this process may use, per rank on this host."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _atomic(path: str, write: Callable[[Any], Any]) -> None:
@@ -584,6 +613,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=1)
     parser.add_argument("--worker-start", choices=("fork", "spawn"), default="fork")
+    parser.add_argument("--warmup", choices=("auto", "fast-batch", "none"), default="auto")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     args = parser.parse_args(argv)
     return TrainerConfig(
@@ -596,6 +626,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         worker_start=args.worker_start,
+        warmup=args.warmup,
         compile=not args.no_compile,
     )
 

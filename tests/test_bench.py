@@ -48,6 +48,38 @@ def test_analyse_run_on_recorded_traces() -> None:
     assert set(stock["setup_by_op"]) >= {"broadcast_", "allgather_"}
 
 
+def test_analyse_floor_and_stock_best_on_recorded_traces() -> None:
+    from benchmarks.analysis import analyse_floor, analyse_run, floor_of
+
+    data = FIXTURE.parent
+    for scenario in ("tiny-cold", "tiny-same-hosts"):
+        paths = [str(data / scenario / "floor" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+        floor = analyse_floor(paths)
+        assert floor["floor_s"] == max(r["floor_s"] for r in floor["ranks"])
+        for rank in floor["ranks"]:
+            assert set(rank["seconds"]) == {
+                "launch",
+                "build",
+                "process_group_init",
+                "get_first_batch_data",
+                "first_step",
+            }
+            assert rank["floor_s"] == floor_of(rank["seconds"])[0]
+            assert rank["floor_s"] < sum(rank["seconds"].values())
+    # Recorded: rank 1 of the cold floor is the slower, 10.858 s, through the model's chain.
+    cold = analyse_floor(
+        [str(data / "tiny-cold" / "floor" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+    )
+    assert cold["floor_s"] == pytest.approx(10.858, abs=1e-3)
+    assert cold["chain"] == ["launch", "process_group_init", "build", "first_step"]
+    # stock-best restarting with its saved plan: no planning messages, but DMP's still go out.
+    paths = [str(data / "tiny-same-hosts" / "stock-best" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+    best = analyse_run(paths)
+    assert best["ranks"][0]["info"]["saved_plan"] == "loaded"
+    assert best["setup"]["c10d_ops"] == 11
+    assert analyse_run(_paths("stock"))["setup"]["c10d_ops"] == 13
+
+
 def test_analyse_run_rejects_other_traces(tmp_path: pathlib.Path) -> None:
     from benchmarks.analysis import analyse_floor, analyse_run
 

@@ -466,14 +466,14 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
     for n in TTFB_RANKS:
         sizes.setdefault(n, _in_subprocess("plan_sizes", model, n))
     ttfb_rows = []
-    for scenario in ("cold", "new-hosts"):
-        if scenario not in results[model]:
+    for case in ("cold", "new-hosts"):
+        if case not in results[model]:
             continue
         for mode in _TTFB_MODES:
-            measured = results[model][scenario].get(mode)
+            measured = results[model][case].get(mode)
             if measured is None:
                 continue
-            plans = mode == "stock" or scenario == "cold"
+            plans = mode == "stock" or case == "cold"
             fit_key = "fastinit" if mode == "fastinit" else "stock"
             local_key = "fastinit" if mode == "fastinit" else "stock"
             for n in TTFB_RANKS:
@@ -481,7 +481,7 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
                 parts = ttfb_components(
                     measured,
                     mode=mode,
-                    scenario=scenario,
+                    scenario=case,
                     n=n,
                     fabric=fabric,
                     store_op_s=store_op_s,
@@ -493,7 +493,7 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
                 )
                 ttfb_rows.append(
                     {
-                        "scenario": scenario,
+                        "scenario": case,
                         "mode": mode,
                         "ranks": n,
                         **parts,

@@ -429,9 +429,51 @@ class ProjectionConfig:
     """Model whose traces are projected (default: the largest in the summary)."""
     fabric: str = "ib"
     """A key of :data:`FABRICS`."""
+    remeasure: bool = False
+    """Measure again even when ``projection-measurements.json`` matches."""
     scale_json: str | None = None
     """``make scale``'s ``scale.json`` (per-rank local setup on the fake backend, stock and
     fastinit); None: fastinit's own fake-backend measurement here, for every mode."""
+
+
+def measurements(model: str, config: ProjectionConfig, *, fake: bool) -> dict[str, Any]:
+    """What the projection measures on this machine for ``model`` (store round trip, plan sizes,
+    planning times, fastinit's local setup on the fake backend), each in a fresh process. Kept in
+    ``<out>/projection-measurements.json`` and reused when model and world sizes match
+    (``--remeasure`` measures again)."""
+    path = os.path.join(config.out, "projection-measurements.json")
+    key = {
+        "model": model,
+        "ranks": sorted({*config.ranks, *TTFB_RANKS}),
+        "planner_ranks_stock": list(config.planner_ranks_stock),
+        "planner_ranks_fast": list(config.planner_ranks_fast),
+        "fake_ranks": list(config.fake_ranks) if fake else [],
+    }
+    if not config.remeasure and os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if kept.get("key") == key:
+            kept["sizes"] = {int(n): v for n, v in kept["sizes"].items()}
+            kept["planning"] = {
+                k: {int(n): t for n, t in v.items()} for k, v in kept["planning"].items()
+            }
+            return kept
+    planning: dict[str, dict[int, float]] = {"stock": {}, "fastinit": {}}
+    for n in config.planner_ranks_stock:
+        planning["stock"][n] = _in_subprocess("measure_planning", model, n, "stock")
+    for n in config.planner_ranks_fast:
+        planning["fastinit"][n] = _in_subprocess("measure_planning", model, n, "fastinit")
+    out = {
+        "key": key,
+        "store_op_s": measure_store_op_s(),
+        "sizes": {n: _in_subprocess("plan_sizes", model, n) for n in key["ranks"]},
+        "planning": planning,
+        "fake": [_in_subprocess("fake_rank_setup", model, n) for n in key["fake_ranks"]],
+    }
+    os.makedirs(config.out, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
 
 
 def project(config: ProjectionConfig) -> dict[str, Any]:
@@ -445,23 +487,19 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
     stock_ops = results[model][scenario]["stock"]["setup_by_op"]
     fast_ops = results[model][scenario]["fastinit"]["setup_by_op"]
     fabric = FABRICS[config.fabric]
-    store_op_s = measure_store_op_s()
-
-    sizes = {n: _in_subprocess("plan_sizes", model, n) for n in config.ranks}
-    planning: dict[str, dict[int, float]] = {"stock": {}, "fastinit": {}}
-    for n in config.planner_ranks_stock:
-        planning["stock"][n] = _in_subprocess("measure_planning", model, n, "stock")
-    for n in config.planner_ranks_fast:
-        planning["fastinit"][n] = _in_subprocess("measure_planning", model, n, "fastinit")
-    fits = {k: fit_power(list(v), list(v.values())) for k, v in planning.items()}
     scale = read_scale_json(config.scale_json) if config.scale_json else None
+    meas = measurements(model, config, fake=scale is None or "fastinit" not in scale)
+    store_op_s = meas["store_op_s"]
+    sizes = meas["sizes"]
+    planning = meas["planning"]
+    fits = {k: fit_power(list(v), list(v.values())) for k, v in planning.items()}
     if scale is not None and "fastinit" in scale:
         fake = [
             {"n": n, "setup_s": t, "decode_s": float("nan"), "plan_build_s": float("nan")}
             for n, t in sorted(scale["fastinit"].items())
         ]
     else:
-        fake = [_in_subprocess("fake_rank_setup", model, n) for n in config.fake_ranks]
+        fake = meas["fake"]
     fake_fit = fit_power([r["n"] for r in fake], [r["setup_s"] for r in fake])
     local_fits = {"fastinit": fake_fit, "stock": fake_fit}
     local_source = "fastinit's fake-backend measurement here (for stock a lower bound)"
@@ -469,8 +507,6 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
         for mode, points in scale.items():
             local_fits[mode] = fit_power(list(points), list(points.values()))
         local_source = f"{config.scale_json} (make scale)"
-    for n in TTFB_RANKS:
-        sizes.setdefault(n, _in_subprocess("plan_sizes", model, n))
     ttfb_rows = []
     for case in ("cold", "new-hosts"):
         if case not in results[model]:
@@ -696,6 +732,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--scale-json", default=None, help="make scale's scale.json (per-rank local setup)"
     )
+    parser.add_argument("--remeasure", action="store_true", help="ignore kept measurements")
     args = parser.parse_args(argv)
     config = ProjectionConfig(
         summary=args.summary,
@@ -704,6 +741,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fabric=args.fabric,
         fake_ranks=tuple(int(x) for x in args.fake_ranks.split(",")),
         scale_json=args.scale_json,
+        remeasure=args.remeasure,
     )
     result = project(config)
     print(format_ttfb_projection(result))

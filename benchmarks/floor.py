@@ -209,7 +209,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default="bench-out/data")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--no-compile", action="store_true")
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--timeout", type=float, default=1800.0)
     return parser.parse_args(argv)
 
 

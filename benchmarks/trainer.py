@@ -137,7 +137,7 @@ class TrainerConfig:
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
-    pg_timeout_s: float = 600.0
+    pg_timeout_s: float = 1800.0
     """Process-group and store timeout."""
 
     def __post_init__(self) -> None:

@@ -14,7 +14,9 @@ after the other with the ranks lined up (a store barrier, not timed) before each
 * ``get_first_batch_data``: the data pipeline's first batch (one worker forked, as the trainer);
 * ``first_step``: the first training step (``TrainPipelineSparseDist.progress``, dense arch
   compiled) on that batch, with the caches the scenario has (``TORCHINDUCTOR_CACHE_DIR`` as the
-  driver left it: empty when cold, warm when restarting), on a model built untimed beforehand.
+  driver left it: empty when cold, warm when restarting), on a model built untimed beforehand
+  (its modules already wrapped by ``torch.compile``, so the ``torch._dynamo`` import that the
+  wrapping triggers is not in the floor: it errs low).
 
 Every rank writes ``trace-rank<N>.jsonl`` with one span per piece and a ``floor`` record
 (the seconds of each piece); :func:`benchmarks.analysis.floor_of` turns them into the floor:

@@ -46,18 +46,23 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(PYTEST_ARGS)
 
-# Time to first batch, stock vs fastinit, 3 scenarios, repeated: bench-out/{summary.json,report.md,
-# timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4" for the large model.
+# Time to first batch: stock, stock-best, fastinit and the floor, 3 scenarios, repeated:
+# bench-out/{summary.json,report.md,timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4".
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)
 
-# One run that exits right after its first batch, to time from outside.
+# Leave scenario CACHE's caches in place for MODE (stock|stock-best|fastinit), MODEL and NPROC.
+.PHONY: prime
+prime: $(STAMP)
+	$(PY) -m benchmarks.bench --prime $(MODE) $(MODEL) $(CACHE) $(NPROC)
+
+# Exactly one run, starting in scenario CACHE's state (after `make prime` with the same variables).
 ttfb: $(STAMP)
 	$(PY) -m benchmarks.bench --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
 
-# Start-up communication and local work projected to 8..4,096 ranks (about 10 minutes).
+# Time to first batch projected to 1,024 and 4,096 ranks (SCALE_JSON=scale.json from `make scale`).
 projection: $(STAMP)
-	$(PY) -m benchmarks.projection
+	$(PY) -m benchmarks.projection $(if $(SCALE_JSON),--scale-json $(SCALE_JSON))
 
 # Per-rank setup seconds and peak RSS, stock vs fastinit, 64..8,192 ranks on the fake backend:
 # benchmarks/results/scale/{scale.json,scale.md,scale.png}. SCALE_ARGS="--quick" for a smoke run.

@@ -67,12 +67,14 @@ def ttfb(
     chosen by torchrun).
 
     Args:
-        mode: "stock" (collective_plan + DistributedModelParallel, stages in sequence) or
-            "fastinit" (fastinit.setup, concurrent stages, plan and compile caches)
+        mode: "stock" (collective_plan + DistributedModelParallel, stages in sequence),
+            "stock-best" (stock with a shared Inductor directory, compile artifacts and the
+            previous run's plan, all in cache_dir) or "fastinit" (fastinit.setup, concurrent
+            stages, plan and compile caches in cache_dir)
         model: reference model: tiny, small (26 tables), medium (256), large (1,024)
         cache: scenario label: cold, new-hosts or same-hosts (the caller arranges the caches)
         out: directory for the per-rank trace files
-        cache_dir: fastinit's cache root (plan and compile caches); none: no caches of ours
+        cache_dir: the mode's shared storage (fastinit, stock-best); none: nothing kept
         data_dir: root of the generated synthetic Criteo-style datasets
         nproc: trainer processes per host (GPUs per host on a GPU machine)
         nnodes: hosts

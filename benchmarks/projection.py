@@ -1,6 +1,26 @@
-"""Start-up communication, group creation and planning at 8 to 4,096 ranks: stock vs fastinit.
+"""Time to first batch at 1,024 and 4,096 ranks, projected: stock, stock-best and fastinit.
 
     python -m benchmarks.projection [--summary bench-out/summary.json] [--out bench-out]
+                                    [--scale-json scale.json]
+
+Time to first batch at N ranks, per mode and scenario (cold, restart on new hosts), is the
+measured single-host time with its scale-dependent parts taken out and projected at N put back:
+
+    ttfb(N) = [measured ttfb − process_group_init − train_module_creation]   (launch, imports,
+              data, compilation: per host, the same at any N; measured in the same bench run)
+            + rendezvous(N)    store operations per rank × N × one store round trip (rank 0's
+                               store serves them one at a time)
+            + planning(N)      stock always; stock-best and fastinit only when cold (a restart
+                               passes the saved plan / hits the plan cache)
+            + collectives(N)   the mode's exact start-up ops (α-β, below)
+            + groups(N)        process-group creation for a plan with table_row_wise tables
+            + local(N)         per-rank local work building the sharded model: from
+                               ``--scale-json`` (``make scale``: the fake backend, one real rank
+                               of N; stock-best uses stock's rows) when given, else fastinit's
+                               own fake-backend measurement below for every mode (for stock a
+                               lower bound: it favours stock)
+
+The components:
 
 Inputs are exact, per rank, from the benchmark's traces (``summary.json``): every c10d op issued
 before the first step, with the bytes this rank sent. Each op is priced at N ranks with the
@@ -51,6 +71,9 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "TTFB_RANKS",
+    "read_scale_json",
+    "ttfb_components",
     "Fabric",
     "FABRICS",
     "collective_time",
@@ -62,6 +85,9 @@ __all__ = [
 ]
 
 RANKS: tuple[int, ...] = (8, 32, 128, 512, 1024, 2048, 4096)
+#: World sizes of the time-to-first-batch projection.
+TTFB_RANKS: tuple[int, ...] = (1024, 4096)
+_TTFB_MODES: tuple[str, ...] = ("stock", "stock-best", "fastinit")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -186,6 +212,76 @@ def fit_power(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     sxx = sum((p[0] - mx) ** 2 for p in pts)
     k = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx if sxx else 0.0
     return math.exp(my - k * mx), k
+
+
+def read_scale_json(path: str) -> dict[str, dict[int, float]]:
+    """``make scale``'s output: ``{"model", "rows": [{"world_size", "mode", "setup_s",
+    "peak_rss_mb"}]}`` as ``{mode: {world_size: setup_s}}``.
+
+    Raises:
+        ValueError: the file does not have that schema.
+    """
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected an object with a 'rows' list")
+    out: dict[str, dict[int, float]] = {}
+    for i, row in enumerate(data["rows"]):
+        try:
+            mode, n, t = str(row["mode"]), int(row["world_size"]), float(row["setup_s"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: row {i} lacks mode/world_size/setup_s: {row!r}") from e
+        if mode not in ("stock", "fastinit"):
+            raise ValueError(f"{path}: row {i}: mode must be stock or fastinit, got {mode!r}")
+        out.setdefault(mode, {})[n] = t
+    return out
+
+
+def ttfb_components(
+    measured: dict[str, Any],
+    *,
+    mode: str,
+    scenario: str,
+    n: int,
+    fabric: Fabric,
+    store_op_s: float,
+    plan_fit: tuple[float, float] | None,
+    plan_bytes: int | None,
+    local_s: float,
+    groups: bool = False,
+) -> dict[str, float]:
+    """Projected time to first batch at ``n`` ranks, by component (see the module docstring).
+
+    Args:
+        measured: the bench summary's result of (mode, scenario) (``ttfb_s``, ``stages_s``,
+            ``setup``, ``setup_by_op``).
+        plan_fit: ``(c, k)`` of the planning-time power law when this mode plans in this
+            scenario, else None.
+        plan_bytes: the plan message's size at ``n`` when this mode sends the plan, else None.
+        local_s: per-rank local work building the sharded model at ``n``.
+        groups: the plan has table_row_wise / grid_shard tables (process groups are created);
+            ``groups_s`` is reported either way, ``ttfb_s`` counts it only then, and
+            ``ttfb_twrw_s`` always.
+    """
+    stages = measured["stages_s"]
+    fixed = measured["ttfb_s"] - stages["process_group_init"] - stages["train_module_creation"]
+    by_op = measured["setup_by_op"]
+    scaled = _scaled_broadcast(by_op, plan_bytes) if plan_bytes is not None else {}
+    groups_s, _ = group_creation_time(
+        n, 8, "fastinit" if mode == "fastinit" else "stock", fabric, store_op_s
+    )
+    parts = {
+        "single_host_fixed_s": max(0.0, fixed),
+        "rendezvous_s": measured["setup"]["store_ops"] * n * store_op_s,
+        "planning_s": plan_fit[0] * n ** plan_fit[1] if plan_fit else 0.0,
+        "collectives_s": ops_time(by_op, n, fabric, scaled),
+        "groups_s": groups_s,
+        "local_s": local_s,
+    }
+    total = sum(parts.values())
+    parts["ttfb_s"] = total if groups else total - groups_s
+    parts["ttfb_twrw_s"] = total
+    return parts
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -333,6 +429,51 @@ class ProjectionConfig:
     """Model whose traces are projected (default: the largest in the summary)."""
     fabric: str = "ib"
     """A key of :data:`FABRICS`."""
+    remeasure: bool = False
+    """Measure again even when ``projection-measurements.json`` matches."""
+    scale_json: str | None = None
+    """``make scale``'s ``scale.json`` (per-rank local setup on the fake backend, stock and
+    fastinit); None: fastinit's own fake-backend measurement here, for every mode."""
+
+
+def measurements(model: str, config: ProjectionConfig, *, fake: bool) -> dict[str, Any]:
+    """What the projection measures on this machine for ``model`` (store round trip, plan sizes,
+    planning times, fastinit's local setup on the fake backend), each in a fresh process. Kept in
+    ``<out>/projection-measurements.json`` and reused when model and world sizes match
+    (``--remeasure`` measures again)."""
+    path = os.path.join(config.out, "projection-measurements.json")
+    key = {
+        "model": model,
+        "ranks": sorted({*config.ranks, *TTFB_RANKS}),
+        "planner_ranks_stock": list(config.planner_ranks_stock),
+        "planner_ranks_fast": list(config.planner_ranks_fast),
+        "fake_ranks": list(config.fake_ranks) if fake else [],
+    }
+    if not config.remeasure and os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if kept.get("key") == key:
+            kept["sizes"] = {int(n): v for n, v in kept["sizes"].items()}
+            kept["planning"] = {
+                k: {int(n): t for n, t in v.items()} for k, v in kept["planning"].items()
+            }
+            return kept
+    planning: dict[str, dict[int, float]] = {"stock": {}, "fastinit": {}}
+    for n in config.planner_ranks_stock:
+        planning["stock"][n] = _in_subprocess("measure_planning", model, n, "stock")
+    for n in config.planner_ranks_fast:
+        planning["fastinit"][n] = _in_subprocess("measure_planning", model, n, "fastinit")
+    out = {
+        "key": key,
+        "store_op_s": measure_store_op_s(),
+        "sizes": {n: _in_subprocess("plan_sizes", model, n) for n in key["ranks"]},
+        "planning": planning,
+        "fake": [_in_subprocess("fake_rank_setup", model, n) for n in key["fake_ranks"]],
+    }
+    os.makedirs(config.out, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
 
 
 def project(config: ProjectionConfig) -> dict[str, Any]:
@@ -346,17 +487,63 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
     stock_ops = results[model][scenario]["stock"]["setup_by_op"]
     fast_ops = results[model][scenario]["fastinit"]["setup_by_op"]
     fabric = FABRICS[config.fabric]
-    store_op_s = measure_store_op_s()
-
-    sizes = {n: _in_subprocess("plan_sizes", model, n) for n in config.ranks}
-    planning: dict[str, dict[int, float]] = {"stock": {}, "fastinit": {}}
-    for n in config.planner_ranks_stock:
-        planning["stock"][n] = _in_subprocess("measure_planning", model, n, "stock")
-    for n in config.planner_ranks_fast:
-        planning["fastinit"][n] = _in_subprocess("measure_planning", model, n, "fastinit")
+    scale = read_scale_json(config.scale_json) if config.scale_json else None
+    meas = measurements(model, config, fake=scale is None or "fastinit" not in scale)
+    store_op_s = meas["store_op_s"]
+    sizes = meas["sizes"]
+    planning = meas["planning"]
     fits = {k: fit_power(list(v), list(v.values())) for k, v in planning.items()}
-    fake = [_in_subprocess("fake_rank_setup", model, n) for n in config.fake_ranks]
+    if scale is not None and "fastinit" in scale:
+        fake = [
+            {"n": n, "setup_s": t, "decode_s": float("nan"), "plan_build_s": float("nan")}
+            for n, t in sorted(scale["fastinit"].items())
+        ]
+    else:
+        fake = meas["fake"]
     fake_fit = fit_power([r["n"] for r in fake], [r["setup_s"] for r in fake])
+    local_fits = {"fastinit": fake_fit, "stock": fake_fit}
+    local_source = "fastinit's fake-backend measurement here (for stock a lower bound)"
+    if scale is not None:
+        for mode, points in scale.items():
+            local_fits[mode] = fit_power(list(points), list(points.values()))
+        local_source = f"{config.scale_json} (make scale)"
+    ttfb_rows = []
+    for case in ("cold", "new-hosts"):
+        if case not in results[model]:
+            continue
+        twrw = results[model][case]["stock"]["setup"]["new_groups"] > 0
+        for mode in _TTFB_MODES:
+            measured = results[model][case].get(mode)
+            if measured is None:
+                continue
+            plans = mode == "stock" or case == "cold"
+            fit_key = "fastinit" if mode == "fastinit" else "stock"
+            local_key = "fastinit" if mode == "fastinit" else "stock"
+            for n in TTFB_RANKS:
+                c, k = local_fits[local_key]
+                parts = ttfb_components(
+                    measured,
+                    mode=mode,
+                    scenario=case,
+                    n=n,
+                    fabric=fabric,
+                    store_op_s=store_op_s,
+                    plan_fit=fits[fit_key] if plans else None,
+                    plan_bytes=sizes[n]["codec" if mode == "fastinit" else "pickle"]
+                    if plans
+                    else None,
+                    local_s=c * n**k,
+                    groups=twrw,
+                )
+                ttfb_rows.append(
+                    {
+                        "scenario": case,
+                        "mode": mode,
+                        "ranks": n,
+                        **parts,
+                        "measured_ttfb_s": measured["ttfb_s"],
+                    }
+                )
 
     rows = []
     for n in config.ranks:
@@ -398,13 +585,17 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
         "planning_fit": {k: {"c": c, "k": k_} for k, (c, k_) in fits.items()},
         "fake_backend": fake,
         "fake_fit": {"c": fake_fit[0], "k": fake_fit[1]},
+        "local_fits": {m: {"c": c, "k": k} for m, (c, k) in local_fits.items()},
+        "local_source": local_source,
+        "nproc": summary["config"]["nproc"],
         "rows": rows,
+        "ttfb_rows": ttfb_rows,
     }
     os.makedirs(config.out, exist_ok=True)
     with open(os.path.join(config.out, "projection.json"), "w") as f:
         json.dump(out, f, indent=1)
     with open(os.path.join(config.out, "projection.md"), "w") as f:
-        f.write(format_projection(out))
+        f.write(format_ttfb_projection(out) + "\n" + format_projection(out))
     plot_projection(out, os.path.join(config.out, "projection.png"))
     return out
 
@@ -417,6 +608,44 @@ def _scaled_broadcast(by_op: dict[str, dict[str, int]], plan_bytes: int) -> dict
     # The plan message dominates the broadcast bytes; keep the others (sizes, flags) as measured.
     measured = rec["bytes"] / rec["count"]
     return {"broadcast_": max(measured, (rec["bytes"] - measured + plan_bytes) / rec["count"])}
+
+
+def format_ttfb_projection(p: dict[str, Any]) -> str:
+    """Time to first batch at scale, projected, beside the measured single-host figure."""
+    rows = p.get("ttfb_rows") or []
+    if not rows:
+        return ""
+    lines = [
+        f"## Time to first batch at scale, projected ({p['model']} model)\n",
+        f"Measured on this host at {p.get('nproc', '?')} ranks, projected with the components "
+        "of `benchmarks/projection.py` (fabric "
+        f"{p['fabric']['name']}; local work per rank from {p.get('local_source', '?')}; planning "
+        "only where the mode plans: stock always, stock-best and fastinit when cold). Not "
+        "projected: the scheduler, container start and checkpoint load, the same for every mode. "
+        "*projected s* counts process-group creation only if the measured plan created groups "
+        "(table_row_wise / grid_shard tables); the last column adds it for such a plan.\n",
+        "| scenario | mode | ranks | measured here s | per-host fixed s | rendezvous s "
+        "| planning s | collectives s | groups s (TW-RW plan) | local s | **projected s** "
+        "| with a TW-RW plan s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['mode']} | {r['ranks']} | {r['measured_ttfb_s']:.1f} "
+            f"| {r['single_host_fixed_s']:.1f} | {r['rendezvous_s']:.2f} | {r['planning_s']:.1f} "
+            f"| {r['collectives_s']:.2f} | {r['groups_s']:.2f} | {r['local_s']:.2f} "
+            f"| **{r['ttfb_s']:.1f}** | {r['ttfb_twrw_s']:.1f} |"
+        )
+    by = {(r["scenario"], r["mode"], r["ranks"]): r["ttfb_s"] for r in rows}
+    goal = by.get(("new-hosts", "fastinit", 4096))
+    best = by.get(("new-hosts", "stock-best", 4096))
+    if goal is not None:
+        lines.append(
+            f"\nfastinit restarting on new hosts at 4,096 ranks: {goal:.1f} s projected "
+            f"(goal: under 20 s: {'met' if goal < 20 else 'not met'})"
+            + (f"; stock-best {best:.1f} s ({goal / best:.2f}×)." if best else ".")
+        )
+    return "\n".join(lines) + "\n"
 
 
 def format_projection(p: dict[str, Any]) -> str:
@@ -500,6 +729,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=None)
     parser.add_argument("--fabric", choices=sorted(FABRICS), default="ib")
     parser.add_argument("--fake-ranks", default="64,256,1024,4096")
+    parser.add_argument(
+        "--scale-json", default=None, help="make scale's scale.json (per-rank local setup)"
+    )
+    parser.add_argument("--remeasure", action="store_true", help="ignore kept measurements")
     args = parser.parse_args(argv)
     config = ProjectionConfig(
         summary=args.summary,
@@ -507,15 +740,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model=args.model,
         fabric=args.fabric,
         fake_ranks=tuple(int(x) for x in args.fake_ranks.split(",")),
+        scale_json=args.scale_json,
+        remeasure=args.remeasure,
     )
     result = project(config)
+    print(format_ttfb_projection(result))
     print(format_projection(result))
     report = os.path.join(config.out, "report.md")
     if os.path.exists(report):
         with open(report) as f:
             text = f.read()
-        marker = "\n## Projection to scale"
-        text = text.split(marker)[0].rstrip("\n") + "\n\n" + format_projection(result)
+        for marker in ("\n## Time to first batch at scale", "\n## Projection to scale"):
+            text = text.split(marker)[0]
+        text = (
+            text.rstrip("\n")
+            + "\n\n"
+            + format_ttfb_projection(result)
+            + "\n"
+            + format_projection(result)
+        )
         with open(report, "w") as f:
             f.write(text)
     return result

@@ -15,12 +15,21 @@ moment that first ``progress`` returns; a ``launch`` span covers interpreter sta
   ``EmbeddingShardingPlanner`` and ``DistributedModelParallel``
   (:func:`fastinit.testing.stock.stock_setup`); the dense arch is compiled lazily by the first
   step; no cache of ours (Inductor's own local cache is whatever ``TORCHINDUCTOR_CACHE_DIR`` holds).
+* ``--mode stock-best``: stock TorchRec as a careful user sets it up: the same stages, with
+  ``TORCHINDUCTOR_CACHE_DIR`` on shared storage (the driver points it at ``--cache-dir``),
+  :func:`torch.compiler.load_cache_artifacts` of the previous run's
+  :func:`torch.compiler.save_cache_artifacts` before the first compile, and the previous run's
+  plan (``torch.save``-d to ``--cache-dir``) passed as ``plan=`` instead of planning again.
 * ``--mode fastinit``: a :class:`fastinit.warmup.StageGraph`: the data pipeline starts
-  (``preproc_creation``) and produces the real first batch while the model is sharded by
-  :func:`fastinit.setup` (plan cache) and ``pre_train`` compiles it on a synthetic fast batch
-  (compile cache) without changing any state.
+  (``preproc_creation``, once the imports are done) and produces the real first batch while the
+  model is sharded by :func:`fastinit.setup` (plan cache); ``pre_train`` restores the compile
+  cache and, where the host has a spare core per rank (``--warmup auto``), compiles the model on
+  a synthetic fast batch without changing any state; otherwise the first step compiles, as in
+  stock, and no extra step is paid.
 
-Real parts: DataLoader worker processes reading a synthetic Criteo-style dataset from files
+Real parts (the same in every mode): DataLoader worker processes, forked once the trainer has
+imported torch and TorchRec (``--worker-start fork``, Linux's default; ``spawn`` re-imports torch
+in every worker) reading a synthetic Criteo-style dataset from files
 (:mod:`benchmarks.data`), a compiled dense + over arch, a fused embedding optimizer
 (EXACT_ROWWISE_ADAGRAD in the TBE kernels), a dense Adagrad, ``TrainPipelineSparseDist``.
 
@@ -44,6 +53,7 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 __all__ = [
+    "MODES",
     "STAGES",
     "FASTINIT_DEPS",
     "MODELS",
@@ -52,6 +62,13 @@ __all__ = [
     "model_spec",
     "main",
 ]
+
+#: Trainer modes: stock TorchRec, stock as a careful user sets it up, fastinit.
+MODES: tuple[str, ...] = ("stock", "stock-best", "fastinit")
+
+#: Files stock-best keeps on shared storage (in ``--cache-dir``).
+STOCK_BEST_PLAN = "plan.pt"
+STOCK_BEST_ARTIFACTS = "compile-artifacts.bin"
 
 #: The seven start-up stages, in the order a sequential trainer runs them.
 STAGES: tuple[str, ...] = (
@@ -68,7 +85,7 @@ STAGES: tuple[str, ...] = (
 FASTINIT_DEPS: dict[str, tuple[str, ...]] = {
     "device_init": (),
     "process_group_init": ("device_init",),
-    "preproc_creation": (),
+    "preproc_creation": ("device_init",),  # workers are forked once torch is imported
     "train_module_creation": ("process_group_init",),
     "init_plugins": ("train_module_creation",),
     "pre_train": ("train_module_creation",),
@@ -92,7 +109,7 @@ class TrainerConfig:
     """One trainer run."""
 
     mode: str = "fastinit"
-    """"stock" or "fastinit"."""
+    """One of :data:`MODES`."""
     model: str = "small"
     """A key of :data:`MODELS`."""
     cache: str = "cold"
@@ -100,23 +117,38 @@ class TrainerConfig:
     out: str = "bench-out/run"
     """Where ``trace-rank<N>.jsonl`` goes."""
     cache_dir: str | None = None
-    """fastinit's cache root (``plan/`` and ``compile/`` under it); None: no caches of ours."""
+    """The mode's directory on shared storage: fastinit's cache root (``plan/``, ``compile/``);
+    stock-best's saved plan and compile artifacts; None: none (stock)."""
     data_dir: str = "bench-out/data"
     """Root of the generated datasets."""
     batch_size: int = 256
     """Samples per batch and rank."""
     num_workers: int = 1
     """DataLoader worker processes per rank."""
+    worker_start: str = "fork"
+    """How DataLoader workers start: "fork" (after the imports; Linux's default) or "spawn"."""
     compile: bool = True
     """torch.compile the dense + over arch (off only to keep tests fast)."""
+    warmup: str = "auto"
+    """fastinit's pre_train: "fast-batch" (compile and run forward/backward on a synthetic batch,
+    state restored, beside the data pipeline), "none" (the first step compiles, as stock), or
+    "auto": the fast-batch warm-up only where the host has a spare core per rank to overlap it
+    with (on a host with a core per rank it is an extra step on the critical path)."""
     fast_batch_size: int = 8
-    """Samples in fastinit's synthetic warm-up batch."""
-    pg_timeout_s: float = 600.0
+    """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
+    dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
+    pg_timeout_s: float = 1800.0
     """Process-group and store timeout."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("stock", "fastinit"):
-            raise ValueError(f"mode must be 'stock' or 'fastinit', got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "stock-best" and not self.cache_dir:
+            raise ValueError("stock-best needs --cache-dir (its shared storage)")
+        if self.warmup not in ("auto", "fast-batch", "none"):
+            raise ValueError(f"warmup must be auto, fast-batch or none, got {self.warmup!r}")
+        if self.worker_start not in ("fork", "spawn"):
+            raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {sorted(MODELS)}, got {self.model!r}")
         if self.cache not in ("cold", "new-hosts", "same-hosts"):
@@ -160,6 +192,7 @@ class _Trainer:
         self.spec: Any = None
         self.info: dict[str, Any] = {}
         self.compile_cache: Any = None
+        self.plan: Any = None
 
     # -- the seven stages ----------------------------------------------------------------------
 
@@ -174,7 +207,22 @@ class _Trainer:
             torch.cuda.init()
         else:
             device = torch.device("cpu")
+        if self.config.mode == "stock-best":
+            self._load_compile_artifacts()
         return device
+
+    def _load_compile_artifacts(self) -> None:
+        """stock-best: unpack the previous run's compile artifacts before anything compiles."""
+        import torch
+
+        path = os.path.join(str(self.config.cache_dir), STOCK_BEST_ARTIFACTS)
+        if not os.path.exists(path):
+            self.info["compile_artifacts"] = "none"
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        loaded = torch.compiler.load_cache_artifacts(data)
+        self.info["compile_artifacts"] = "loaded" if loaded is not None else "rejected"
 
     def process_group_init(self, device: Any) -> Any:
         from datetime import timedelta
@@ -211,7 +259,11 @@ class _Trainer:
         loader = make_loader(
             path,
             spec,
-            DataConfig(batch_size=self.config.batch_size, num_workers=self.config.num_workers),
+            DataConfig(
+                batch_size=self.config.batch_size,
+                num_workers=self.config.num_workers,
+                context=self.config.worker_start,
+            ),
             rank=self.rank,
             world_size=self.world_size,
         )
@@ -228,7 +280,7 @@ class _Trainer:
 
         module = build_model(self.spec, device="meta")
         sharders = _sharders()
-        if self.config.mode == "stock":
+        if self.config.mode in ("stock", "stock-best"):
             from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
             from fastinit.testing.stock import stock_setup
@@ -239,7 +291,11 @@ class _Trainer:
                     local_world_size=get_local_size(ws), world_size=ws, compute_device=device.type
                 )
             )
-            model = stock_setup(module, device=device, planner=planner, sharders=sharders)
+            plan = self._saved_plan() if self.config.mode == "stock-best" else None
+            model = stock_setup(
+                module, plan=plan, device=device, planner=planner, sharders=sharders
+            )
+            self.plan = model.plan
         else:
             import fastinit
 
@@ -254,11 +310,38 @@ class _Trainer:
             lambda params: torch.optim.Adagrad(params, lr=0.02),
         )
         optimizer = CombinedOptimizer([model.fused_optimizer, dense])
-        if self.config.compile and self.config.mode == "stock":
+        if self.config.compile and self.config.mode != "fastinit":
             from fastinit.warmup import CompileConfig, compile_modules
 
             compile_modules(model, CompileConfig(targets=COMPILE_TARGETS))  # compiles lazily
         return model, optimizer
+
+    def _saved_plan(self) -> Any:
+        """stock-best: the plan the previous run saved (``torch.save``), or None."""
+        import torch
+
+        path = os.path.join(str(self.config.cache_dir), STOCK_BEST_PLAN)
+        if not os.path.exists(path):
+            self.info["saved_plan"] = "none"
+            return None
+        plan = torch.load(path, weights_only=False)
+        self.info["saved_plan"] = "loaded"
+        return plan
+
+    def save_for_next_run(self) -> None:
+        """stock-best, after the first batch: keep the plan and the compile artifacts on shared
+        storage for the next job (one writer per host; atomic)."""
+        import torch
+
+        root = str(self.config.cache_dir)
+        os.makedirs(root, exist_ok=True)
+        if self.rank == 0 and self.info.get("saved_plan") != "loaded":
+            _atomic(os.path.join(root, STOCK_BEST_PLAN), lambda f: torch.save(self.plan, f))
+        if self.local_rank == 0 and self.config.compile:
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is not None and self.info.get("compile_artifacts") != "loaded":
+                data, _ = saved
+                _atomic(os.path.join(root, STOCK_BEST_ARTIFACTS), lambda f: f.write(data))
 
     def init_plugins(self, built: tuple[Any, Any]) -> Any:
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -273,7 +356,7 @@ class _Trainer:
     def pre_train(self, built: tuple[Any, Any]) -> Any:
         model, optimizer = built
         model.train()
-        if self.config.mode == "stock":
+        if self.config.mode != "fastinit":
             return None
         import torch
 
@@ -282,6 +365,7 @@ class _Trainer:
             CompileCacheConfig,
             CompileConfig,
             WarmupConfig,
+            compile_modules,
             fast_batch,
             module_fingerprint,
             schema_from_model,
@@ -304,6 +388,16 @@ class _Trainer:
             restored = self.compile_cache.restore()
             self.info["compile_cache"] = restored.status
             self.info["compile_cache_restore_s"] = restored.seconds
+        warmup = self.config.warmup
+        if warmup == "auto":
+            warmup = "fast-batch" if _cores_per_rank() >= 2 else "none"
+        self.info["warmup"] = warmup
+        if warmup == "none" or compile_config is None:
+            # Nothing to overlap the compilation with: let the first step compile (from the
+            # compile cache's Inductor directory when it hit) instead of paying an extra step.
+            if compile_config is not None:
+                compile_modules(model, compile_config)
+            return None
         device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else None
         batch = fast_batch(
             schema_from_model(model),
@@ -343,18 +437,49 @@ class _Trainer:
 
         collective = {"process_group_init", "train_module_creation", "pre_train"}
         graph = StageGraph(GraphConfig(max_workers=3, rank=self.rank))
-        for name in (
-            "device_init",
-            "preproc_creation",
-            "process_group_init",
-            "get_first_batch_data",
-            "train_module_creation",
-            "init_plugins",
-            "pre_train",
-        ):
-            graph.add(name, getattr(self, name), FASTINIT_DEPS[name], collective=name in collective)
+        stages: dict[str, Callable[..., Any]] = {
+            "device_init": self.device_init,
+            "preproc_creation": lambda _device: self.preproc_creation(),
+            "process_group_init": self.process_group_init,
+            "get_first_batch_data": self.get_first_batch_data,
+            "train_module_creation": self.train_module_creation,
+            "init_plugins": self.init_plugins,
+            "pre_train": self.pre_train,
+        }
+        for name, fn in stages.items():
+            graph.add(name, _on_device(fn), deps=FASTINIT_DEPS[name], collective=name in collective)
         results = graph.run()
         return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
+
+
+def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` with this rank's CUDA device current in the calling thread (the current device
+    is per thread; stage threads start on device 0)."""
+
+    def run(*args: Any) -> Any:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        return fn(*args)
+
+    return run
+
+
+def _cores_per_rank() -> float:
+    """CPU cores this process may use, per rank on this host."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return cores / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _atomic(path: str, write: Callable[[Any], Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
 
 
 def _device_of_env() -> Any:
@@ -404,7 +529,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     t_start = process_start_time()
     import resource
 
-    import torch  # noqa: F401 - the import is part of "launch"
+    import torch  # the import is part of "launch"
 
     from fastinit import trace
 
@@ -422,10 +547,12 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     )
     tracer.mark("process_start", at=t_start)
     trainer = _Trainer(config, tracer)
-    if config.mode == "stock":
-        pipeline, it, first = trainer.run_stock()
-    else:
+    if config.mode == "fastinit":
         pipeline, it, first = trainer.run_fastinit()
+    else:
+        pipeline, it, first = trainer.run_stock()
+    if torch.cuda.is_available():  # the first step runs on this thread
+        torch.cuda.set_device(trainer.local_rank)
     from fastinit.warmup import compile_count
 
     graphs_before = compile_count()
@@ -452,6 +579,8 @@ def run(config: TrainerConfig) -> dict[str, Any]:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "versions": _versions(),
         "master_addr": os.environ.get("MASTER_ADDR"),
+        "device": str(_device_of_env()),
+        "backend": str(torch.distributed.get_backend()),
         "inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         **trainer.info,
     }
@@ -461,6 +590,9 @@ def run(config: TrainerConfig) -> dict[str, Any]:
             with trace.span("compile_cache_save"):
                 summary["compile_cache_saved"] = trainer.compile_cache.save()
         trainer.compile_cache.close()
+    if config.mode == "stock-best":
+        with trace.span("save_for_next_run"):
+            trainer.save_for_next_run()
     tracer.record(summary)
     tracer.stop()
     return summary
@@ -468,16 +600,20 @@ def run(config: TrainerConfig) -> dict[str, Any]:
 
 def _parse(argv: list[str] | None) -> TrainerConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("stock", "fastinit"), default="fastinit")
+    parser.add_argument("--mode", choices=MODES, default="fastinit")
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
     parser.add_argument(
         "--cache", choices=("cold", "new-hosts", "same-hosts"), default="cold", help="label"
     )
     parser.add_argument("--out", default="bench-out/run", help="per-rank trace directory")
-    parser.add_argument("--cache-dir", default=None, help="fastinit's cache root (fastinit mode)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="the mode's shared storage (fastinit, stock-best)"
+    )
     parser.add_argument("--data-dir", default="bench-out/data", help="dataset root")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--worker-start", choices=("fork", "spawn"), default="fork")
+    parser.add_argument("--warmup", choices=("auto", "fast-batch", "none"), default="auto")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     args = parser.parse_args(argv)
     return TrainerConfig(
@@ -489,6 +625,8 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         data_dir=args.data_dir,
         batch_size=args.batch_size,
         num_workers=args.num_workers,
+        worker_start=args.worker_start,
+        warmup=args.warmup,
         compile=not args.no_compile,
     )
 

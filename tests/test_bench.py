@@ -1,21 +1,195 @@
-"""The time-to-first-batch benchmark, end to end and small, so it cannot rot.
+"""The time-to-first-batch benchmark: its analysis on recorded traces, its scenario rules, and
+one small end-to-end run so it cannot rot.
 
-Two ranks (gloo, 127.0.0.1), the tiny model with an eager dense arch, one repeat, cold caches,
-both modes, launched through the torchx component exactly as ``make bench`` does.
+Recorded traces: ``benchmarks/testdata/tiny-cold`` (a real 2-rank run of the trainer, tiny model,
+eager dense arch). End to end: two ranks (gloo, 127.0.0.1), the tiny model with an eager dense
+arch, one repeat, every mode, cold and same-hosts, the floor, launched through torchrun.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import pathlib
 from typing import Any
 
 import pytest
 
 from benchmarks.trainer import STAGES
 
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "testdata" / "tiny-cold"
 
-@pytest.mark.timeout(240)
+
+def _paths(mode: str) -> list[str]:
+    return [str(FIXTURE / mode / f"trace-rank{r}.jsonl") for r in (0, 1)]
+
+
+def test_analyse_run_on_recorded_traces() -> None:
+    from benchmarks.analysis import TIMELINE, analyse_run
+
+    stock, fast = analyse_run(_paths("stock")), analyse_run(_paths("fastinit"))
+    # Recorded values: time to first batch is the slower rank's.
+    assert stock["ttfb_s"] == pytest.approx(17.740, abs=1e-3)
+    assert fast["ttfb_s"] == max(r["ttfb_s"] for r in fast["ranks"])
+    for res in (stock, fast):
+        assert set(res["stages_s"]) == set(TIMELINE)
+        for rank in res["ranks"]:
+            assert set(STAGES) <= set(rank["stages_s"])
+            end = max(rank["stage_start_s"][s] + rank["stages_s"][s] for s in STAGES)
+            assert rank["ttfb_s"] >= end - 0.05
+    # Exact counts: stock plans with 2 broadcasts and gathers per table in DMP; fastinit's whole
+    # set-up is one record exchange (+ at most one plan message); its warm-up's training
+    # collectives are counted apart.
+    s, f = stock["setup"], fast["setup"]
+    assert s["c10d_ops"] == 13 and 1 <= f["c10d_ops"] <= 2
+    assert f["c10d_bytes"] < s["c10d_bytes"] and f["barriers"] == 0
+    assert fast["warmup"]["c10d_ops"] > 0 and stock["warmup"]["c10d_ops"] == 0
+    assert set(stock["setup_by_op"]) >= {"broadcast_", "allgather_"}
+
+
+def test_analyse_floor_and_stock_best_on_recorded_traces() -> None:
+    from benchmarks.analysis import analyse_floor, analyse_run, floor_of
+
+    data = FIXTURE.parent
+    for scenario in ("tiny-cold", "tiny-same-hosts"):
+        paths = [str(data / scenario / "floor" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+        floor = analyse_floor(paths)
+        assert floor["floor_s"] == max(r["floor_s"] for r in floor["ranks"])
+        for rank in floor["ranks"]:
+            assert set(rank["seconds"]) == {
+                "launch",
+                "build",
+                "process_group_init",
+                "get_first_batch_data",
+                "first_step",
+            }
+            assert rank["floor_s"] == floor_of(rank["seconds"])[0]
+            assert rank["floor_s"] < sum(rank["seconds"].values())
+    # Recorded: rank 1 of the cold floor is the slower, 10.858 s, through the model's chain.
+    cold = analyse_floor(
+        [str(data / "tiny-cold" / "floor" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+    )
+    assert cold["floor_s"] == pytest.approx(10.858, abs=1e-3)
+    assert cold["chain"] == ["launch", "process_group_init", "build", "first_step"]
+    # stock-best restarting with its saved plan: no planning messages, but DMP's still go out.
+    paths = [str(data / "tiny-same-hosts" / "stock-best" / f"trace-rank{r}.jsonl") for r in (0, 1)]
+    best = analyse_run(paths)
+    assert best["ranks"][0]["info"]["saved_plan"] == "loaded"
+    assert best["setup"]["c10d_ops"] == 11
+    assert analyse_run(_paths("stock"))["setup"]["c10d_ops"] == 13
+
+
+def test_analyse_run_rejects_other_traces(tmp_path: pathlib.Path) -> None:
+    from benchmarks.analysis import analyse_floor, analyse_run
+
+    path = tmp_path / "trace-rank0.jsonl"
+    path.write_text(json.dumps({"kind": "meta", "rank": 0}) + "\n")
+    with pytest.raises(ValueError, match="not a trainer trace"):
+        analyse_run([str(path)])
+    with pytest.raises(ValueError, match="not a floor trace"):
+        analyse_floor([str(path)])
+
+
+def test_floor_is_launch_plus_longest_chain() -> None:
+    from benchmarks.analysis import floor_of
+
+    pieces = {
+        "launch": 2.0,
+        "process_group_init": 0.1,
+        "build": 1.0,
+        "first_step": 3.0,
+        "get_first_batch_data": 0.5,
+    }
+    assert floor_of(pieces) == (
+        pytest.approx(6.1),
+        ["launch", "process_group_init", "build", "first_step"],
+    )
+    slow_data = {**pieces, "get_first_batch_data": 9.0}
+    assert floor_of(slow_data) == (pytest.approx(11.0), ["launch", "get_first_batch_data"])
+
+
+def _fake_mode(ttfb: float, ops: int = 1) -> dict[str, Any]:
+    from benchmarks.analysis import TIMELINE
+
+    counts = dict.fromkeys(
+        ("c10d_ops", "c10d_bytes", "barriers", "new_groups", "store_ops", "store_bytes"), ops
+    )
+    return {
+        "ttfb_s": ttfb,
+        "stages_s": dict.fromkeys(TIMELINE, 0.1),
+        "setup": counts,
+        "warmup": counts,
+        "peak_rss_mb": 100.0,
+    }
+
+
+def test_table_rows_and_targets() -> None:
+    from benchmarks.analysis import table_rows
+    from benchmarks.report import format_table, format_targets, targets
+
+    results = {
+        "large": {
+            "cold": {
+                "stock": _fake_mode(100.0),
+                "stock-best": _fake_mode(99.0),
+                "fastinit": _fake_mode(29.0),
+            },
+            "new-hosts": {
+                "stock": _fake_mode(100.0),
+                "stock-best": _fake_mode(20.0),
+                "fastinit": _fake_mode(17.0),
+            },
+        }
+    }
+    floors = {"large": {"cold": {"floor_s": 26.0, "chain": ["launch"], "pieces_s": {}}}}
+    rows = table_rows(results, floors)
+    cold, restart = rows
+    assert cold["vs_stock"] == pytest.approx(0.29) and cold["vs_floor"] == pytest.approx(29 / 26)
+    assert restart["vs_best"] == pytest.approx(0.85) and math.isnan(restart["vs_floor"])
+    met = {(t.what, t.limit): t.met for t in targets(rows, nproc=4)}
+    assert met == {
+        ("large / cold, 4 ranks: fastinit / floor", 1.15): True,
+        ("large / cold, 4 ranks: fastinit / stock", 0.3): True,
+        ("large / new-hosts, 4 ranks: fastinit / stock-best", 1.0): True,
+        ("large / new-hosts, 4 ranks: fastinit / stock-best", 0.8): False,
+    }
+    assert not any(t.limit in (0.3, 0.8) for t in targets(rows, nproc=2))
+    assert "| large | new-hosts | 100.0 | 20.0 | 17.0 | – | **0.85** |" in format_table(rows)
+    assert "**no**" in format_targets(targets(rows, nproc=4))
+
+
+def test_scenario_rules(tmp_path: pathlib.Path) -> None:
+    from benchmarks.scenarios import Layout, is_primed, prepare, snapshot_primed
+
+    layouts = {
+        m: Layout(root=str(tmp_path / m), mode=m) for m in ("stock", "stock-best", "fastinit")
+    }
+    assert layouts["stock"].cache_dir is None
+    assert layouts["stock-best"].inductor_dir.startswith(layouts["stock-best"].shared)
+    assert layouts["fastinit"].inductor_dir.startswith(layouts["fastinit"].host)
+    for layout in layouts.values():
+        prepare(layout, "cold")
+        for d in (layout.shared, layout.host):
+            pathlib.Path(d, "from-prime").write_text("x")
+        assert not is_primed(layout)
+        snapshot_primed(layout)
+        assert is_primed(layout)
+        pathlib.Path(layout.shared, "written-later").write_text("y")
+        prepare(layout, "same-hosts")  # everything kept
+        assert {"from-prime", "written-later"} <= set(os.listdir(layout.shared))
+        assert "from-prime" in os.listdir(layout.host)
+        prepare(layout, "new-hosts")  # shared as primed, host-local empty
+        assert "from-prime" in os.listdir(layout.shared)
+        assert "written-later" not in os.listdir(layout.shared)
+        assert [p for p in os.listdir(layout.host) if p != "inductor"] == []
+        prepare(layout, "cold")
+        assert [p for p in os.listdir(layout.shared) if p != "inductor"] == []
+    with pytest.raises(ValueError, match="unknown scenario"):
+        prepare(layouts["stock"], "warm")
+
+
+@pytest.mark.timeout(600)
 def test_bench_end_to_end(tmp_path: Any) -> None:
     from benchmarks import bench
 
@@ -23,10 +197,11 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
     summary = bench.main(
         [
             "--models", "tiny",
-            "--scenarios", "cold",
+            "--scenarios", "cold,same-hosts",
             "--repeats", "1",
             "--nproc", "2",
             "--no-compile",
+            "--launcher", "torchrun",
             "--out", out,
         ]
     )  # fmt: skip
@@ -35,45 +210,29 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
     with open(os.path.join(out, "summary.json")) as f:
         on_disk = json.load(f)
     assert on_disk["results"].keys() == summary["results"].keys() == {"tiny"}
-    cold = on_disk["results"]["tiny"]["cold"]
-    for mode in ("stock", "fastinit"):
-        res = cold[mode]
-        assert res["ttfb_s"] > 0
-        assert all(res["stages_s"][s] >= 0 for s in STAGES)
-        assert res["critical_path_s"] > 0
-        assert res["peak_rss_mb"] > 0
-    # The exact counts: fastinit's sharding set-up sends no more than stock's, in every way.
-    s, f = cold["stock"]["setup"], cold["fastinit"]["setup"]
-    assert 1 <= f["c10d_ops"] <= 2 < s["c10d_ops"]
-    assert f["c10d_bytes"] < s["c10d_bytes"]
-    assert f["new_groups"] <= s["new_groups"] and f["barriers"] == 0
+    res = on_disk["results"]["tiny"]
+    for scenario in ("cold", "same-hosts"):
+        for mode in ("stock", "stock-best", "fastinit"):
+            assert res[scenario][mode]["ttfb_s"] > 0
+        floor = on_disk["floors"]["tiny"][scenario]
+        assert floor["floor_s"] > 0 and floor["chain"][0] == "launch"
+    # stock-best restarted from its saved plan: no planning messages; stock planned again.
+    best, stock = res["same-hosts"]["stock-best"], res["same-hosts"]["stock"]
+    assert best["info"]["saved_plan"] == "loaded"
+    assert best["setup"]["c10d_ops"] < stock["setup"]["c10d_ops"]
+    assert res["cold"]["stock-best"]["info"]["saved_plan"] == "none"
+    assert 1 <= res["same-hosts"]["fastinit"]["setup"]["c10d_ops"] <= 2
     assert on_disk["versions"]["torchrec"] == "1.8.0"
-
-    # Every rank of every run traced all seven stages, from process start to first batch.
-    runs = os.path.join(out, "runs", "tiny", "cold")
-    for mode in ("stock", "fastinit"):
-        paths = [os.path.join(runs, mode, "r0", f"trace-rank{r}.jsonl") for r in (0, 1)]
-        result = bench.analyse_run(paths)
-        for rank in result["ranks"]:
-            assert set(STAGES) <= set(rank["stages_s"]), rank["stages_s"].keys()
-            assert (
-                rank["ttfb_s"]
-                >= max(rank["stage_start_s"][s] + rank["stages_s"][s] for s in STAGES) - 0.05
-            )
-            assert rank["info"]["master_addr"] == "127.0.0.1"
-
-    with open(os.path.join(out, "trace.json")) as f:
-        trace = json.load(f)
-    names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
-    assert set(STAGES) <= names
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
-    assert "fastinit/stock" in report and "| tiny | cold |" in report
+    assert "fastinit / stock-best" in report and "| tiny | same-hosts |" in report
+    assert "## Targets" in report and "floor pieces" in report
 
-
-def test_critical_path() -> None:
-    from benchmarks.bench import critical_path
-
-    deps = {"a": (), "b": ("a",), "c": (), "d": ("b", "c")}
-    assert critical_path({"a": 1, "b": 2, "c": 5, "d": 1}, deps) == (6, ["c", "d"])
-    assert critical_path({"a": 3, "b": 3, "c": 5, "d": 1}, deps) == (7, ["a", "b", "d"])
+    # make prime, then make ttfb twice: each one run, starting from the primed state.
+    args = ["--out", out, "--no-compile", "--launcher", "torchrun"]
+    with pytest.raises(SystemExit, match="make prime"):
+        bench.main(["--one", "stock-best", "tiny", "new-hosts", "2", *args])
+    bench.main(["--prime", "stock-best", "tiny", "new-hosts", "2", *args])
+    for _ in range(2):
+        one = bench.main(["--one", "stock-best", "tiny", "new-hosts", "2", *args])
+        assert one["ranks"][0]["info"]["saved_plan"] == "loaded"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 
@@ -90,3 +92,63 @@ def test_group_creation_and_fit() -> None:
     assert t_fast == pytest.approx((8 + 512) * 1e-5)
     c, k = fit_power([2, 4, 8, 16], [3 * x**1.5 for x in (2, 4, 8, 16)])
     assert c == pytest.approx(3.0) and k == pytest.approx(1.5)
+
+
+def test_ttfb_components_by_hand() -> None:
+    from benchmarks.projection import ttfb_components
+
+    fab = Fabric(name="t", alpha_s=1e-5, beta_s_per_byte=1e-9, op_overhead_s=0.0, source="")
+    measured = {
+        "ttfb_s": 10.0,
+        "stages_s": {"process_group_init": 0.5, "train_module_creation": 2.5},
+        "setup": {"store_ops": 4},
+        "setup_by_op": {"broadcast_": {"count": 2, "bytes": 200}},
+    }
+    n = 1024
+    restart = ttfb_components(
+        measured, mode="stock-best", scenario="new-hosts", n=n, fabric=fab,
+        store_op_s=1e-4, plan_fit=None, plan_bytes=None, local_s=1.5,
+    )  # fmt: skip
+    assert restart["single_host_fixed_s"] == pytest.approx(7.0)
+    assert restart["rendezvous_s"] == pytest.approx(4 * n * 1e-4)
+    assert restart["planning_s"] == 0.0 and restart["local_s"] == 1.5
+    assert restart["collectives_s"] == pytest.approx(2 * collective_time("broadcast_", 100, n, fab))
+    stock_groups, _ = group_creation_time(n, 8, "stock", fab, 1e-4)
+    assert restart["groups_s"] == pytest.approx(stock_groups)
+    parts = [v for k, v in restart.items() if not k.startswith("ttfb")]
+    assert restart["ttfb_twrw_s"] == pytest.approx(sum(parts))
+    assert restart["ttfb_s"] == pytest.approx(sum(parts) - restart["groups_s"])
+    cold = ttfb_components(
+        measured, mode="fastinit", scenario="cold", n=n, fabric=fab,
+        store_op_s=1e-4, plan_fit=(0.01, 1.0), plan_bytes=10_000, local_s=1.5,
+    )  # fmt: skip
+    assert cold["planning_s"] == pytest.approx(0.01 * n)
+    # The plan message (the larger broadcast) grows to the plan's size at n; the other keeps its.
+    assert cold["collectives_s"] > restart["collectives_s"]
+    assert cold["groups_s"] < restart["groups_s"]
+
+
+def test_read_scale_json(tmp_path: Any) -> None:
+    from benchmarks.projection import read_scale_json
+
+    good = tmp_path / "scale.json"
+    good.write_text(
+        json.dumps(
+            {
+                "model": "large",
+                "rows": [
+                    {"world_size": 64, "mode": "stock", "setup_s": 3.0, "peak_rss_mb": 1.0},
+                    {"world_size": 64, "mode": "fastinit", "setup_s": 1.0, "peak_rss_mb": 1.0},
+                    {"world_size": 4096, "mode": "fastinit", "setup_s": 1.2, "peak_rss_mb": 1.0},
+                ],
+            }
+        )
+    )
+    assert read_scale_json(str(good)) == {"stock": {64: 3.0}, "fastinit": {64: 1.0, 4096: 1.2}}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": [{"world_size": 8, "mode": "other", "setup_s": 1}]}))
+    with pytest.raises(ValueError, match="mode must be"):
+        read_scale_json(str(bad))
+    bad.write_text(json.dumps({"model": "x"}))
+    with pytest.raises(ValueError, match="rows"):
+        read_scale_json(str(bad))

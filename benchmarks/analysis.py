@@ -1,0 +1,217 @@
+"""Trace analysis of the time-to-first-batch benchmark: pure functions, traces in, numbers out.
+
+The per-rank traces come from :mod:`benchmarks.trainer` (``bench`` record, stage spans, c10d /
+store / group events) and :mod:`benchmarks.floor` (``floor`` record, one span per piece); the
+generic parts (loading, spans, which span an event fell in, counts, longest chain) are
+:mod:`fastinit.report`'s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks.floor import FLOOR_DEPS, FLOOR_PIECES
+from benchmarks.trainer import STAGES
+from fastinit.report import comm_counts, critical_path, load, stage_of
+
+__all__ = [
+    "TIMELINE",
+    "analyse_run",
+    "analyse_floor",
+    "floor_of",
+    "summarize",
+    "summarize_floor",
+    "table_rows",
+    "ratio",
+]
+
+#: Spans drawn and tabulated: interpreter start + imports, the seven stages, the first step.
+TIMELINE: tuple[str, ...] = ("launch", *STAGES, "first_step")
+
+_INFO_KEYS = (
+    "compile_cache",
+    "compile_artifacts",
+    "saved_plan",
+    "warmup",
+    "warmup_graphs",
+    "first_step_graphs",
+    "graphs_total",
+    "loss",
+    "master_addr",
+    "device",
+    "backend",
+)
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is 0."""
+    return a / b if b else float("nan")
+
+
+def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
+    """Numbers of one trainer run from its per-rank trace files: time to first batch (max over
+    ranks), stage durations (max over ranks), start-up communication (max over ranks, before the
+    first step, fastinit's warm-up step on the fast batch counted apart), peak RSS."""
+    ranks: list[dict[str, Any]] = []
+    for trace in load(paths):
+        bench = trace.bench
+        if bench is None:
+            raise ValueError(f"{trace.path}: no 'bench' record (not a trainer trace)")
+        spans = [e for e in trace.events if e.get("kind") == "span" and e["name"] in TIMELINE]
+        by_name = {e["name"]: e for e in spans}
+        t0 = float(bench["process_start"]) * 1e6
+        first = float(by_name["first_step"]["ts"]) if "first_step" in by_name else float("inf")
+        startup = [
+            e
+            for e in trace.events
+            if e.get("kind") in ("c10d", "store", "group") and float(e["ts"]) < first
+        ]
+        by_stage: dict[str, list[dict[str, Any]]] = {}
+        for e in startup:
+            by_stage.setdefault(stage_of(e, spans), []).append(e)
+        warm = by_stage.get("pre_train", [])
+        setup = [e for stage, evs in by_stage.items() if stage != "pre_train" for e in evs]
+        durations = {name: float(s["dur"]) / 1e6 for name, s in by_name.items()}
+        ranks.append(
+            {
+                "rank": trace.rank,
+                "ttfb_s": float(bench["ttfb_s"]),
+                "stages_s": durations,
+                "stage_start_s": {n: (float(s["ts"]) - t0) / 1e6 for n, s in by_name.items()},
+                "threads": {n: str(s.get("thread", "")) for n, s in by_name.items()},
+                "setup": comm_counts(setup),
+                "setup_by_op": _by_op(setup),
+                "warmup": comm_counts(warm),
+                "per_stage_c10d": {k: comm_counts(v)["c10d_ops"] for k, v in by_stage.items() if v},
+                "peak_rss_mb": float(bench["peak_rss_mb"]),
+                "info": {k: bench[k] for k in _INFO_KEYS if k in bench},
+                "versions": dict(bench.get("versions", {})),
+            }
+        )
+    worst = max(ranks, key=lambda r: r["ttfb_s"])
+    keys = ranks[0]["setup"].keys()
+    return {
+        "ttfb_s": worst["ttfb_s"],
+        "stages_s": {s: max(r["stages_s"].get(s, 0.0) for r in ranks) for s in TIMELINE},
+        "setup": {k: max(r["setup"][k] for r in ranks) for k in keys},
+        "warmup": {k: max(r["warmup"][k] for r in ranks) for k in keys},
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+        "setup_by_op": max(ranks, key=lambda r: r["setup"]["c10d_ops"])["setup_by_op"],
+        "ranks": ranks,
+        "paths": list(paths),
+    }
+
+
+def _by_op(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e.get("kind") == "c10d":
+            slot = out.setdefault(str(e["name"]), {"count": 0, "bytes": 0})
+            slot["count"] += 1
+            slot["bytes"] += int(e.get("bytes", 0))
+    return out
+
+
+def floor_of(seconds: Mapping[str, float]) -> tuple[float, list[str]]:
+    """The floor of one rank: launch + the longest chain through the other pieces."""
+    crit, chain = critical_path(seconds, FLOOR_DEPS)
+    return float(seconds.get("launch", 0.0)) + crit, ["launch", *chain]
+
+
+def analyse_floor(paths: Sequence[str]) -> dict[str, Any]:
+    """One floor run: per piece the max over ranks, and the floor (max over ranks of each rank's
+    floor)."""
+    ranks = []
+    for trace in load(paths):
+        rec = next((e for e in trace.events if e.get("kind") == "floor"), None)
+        if rec is None:
+            raise ValueError(f"{trace.path}: no 'floor' record (not a floor trace)")
+        seconds = {k: float(v) for k, v in rec["seconds"].items()}
+        floor_s, chain = floor_of(seconds)
+        ranks.append({"rank": trace.rank, "seconds": seconds, "floor_s": floor_s, "chain": chain})
+    worst = max(ranks, key=lambda r: r["floor_s"])
+    pieces = ("launch", *FLOOR_PIECES)
+    return {
+        "floor_s": worst["floor_s"],
+        "chain": worst["chain"],
+        "pieces_s": {p: max(r["seconds"].get(p, 0.0) for r in ranks) for p in pieces},
+        "ranks": ranks,
+        "paths": list(paths),
+    }
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats of one (model, scenario, mode)."""
+    med = statistics.median
+    first = runs[0]
+    return {
+        "repeats": len(runs),
+        "ttfb_s": med(r["ttfb_s"] for r in runs),
+        "ttfb_all_s": [r["ttfb_s"] for r in runs],
+        "stages_s": {s: med(r["stages_s"][s] for r in runs) for s in TIMELINE},
+        "setup": {k: med(r["setup"][k] for r in runs) for k in first["setup"]},
+        "warmup": {k: med(r["warmup"][k] for r in runs) for k in first["warmup"]},
+        "peak_rss_mb": med(r["peak_rss_mb"] for r in runs),
+        "setup_by_op": first["setup_by_op"],
+        "info": first["ranks"][0]["info"],
+    }
+
+
+def summarize_floor(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats of one (model, scenario) floor."""
+    med = statistics.median
+    chains = [tuple(r["chain"]) for r in runs]
+    return {
+        "repeats": len(runs),
+        "floor_s": med(r["floor_s"] for r in runs),
+        "floor_all_s": [r["floor_s"] for r in runs],
+        "pieces_s": {p: med(r["pieces_s"][p] for r in runs) for p in runs[0]["pieces_s"]},
+        "chain": list(max(set(chains), key=chains.count)),
+    }
+
+
+def table_rows(results: Mapping[str, Any], floors: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (model, scenario): stock, stock-best, fastinit and the floor side by side.
+
+    ``results``: ``{model: {scenario: {mode: summarize(...)}}}``; ``floors``:
+    ``{model: {scenario: summarize_floor(...)}}`` (a missing floor is NaN).
+    """
+    rows = []
+    nan = float("nan")
+    for model, per_scenario in results.items():
+        for scenario, modes in per_scenario.items():
+            s, b, f = modes["stock"], modes["stock-best"], modes["fastinit"]
+            floor = floors.get(model, {}).get(scenario)
+            floor_s = floor["floor_s"] if floor else nan
+            rows.append(
+                {
+                    "model": model,
+                    "scenario": scenario,
+                    "stock_s": s["ttfb_s"],
+                    "best_s": b["ttfb_s"],
+                    "fastinit_s": f["ttfb_s"],
+                    "floor_s": floor_s,
+                    "vs_stock": ratio(f["ttfb_s"], s["ttfb_s"]),
+                    "vs_best": ratio(f["ttfb_s"], b["ttfb_s"]),
+                    "vs_floor": ratio(f["ttfb_s"], floor_s),
+                    "best_vs_floor": ratio(b["ttfb_s"], floor_s),
+                    "floor_chain": floor["chain"] if floor else [],
+                    "stock_ops": s["setup"]["c10d_ops"],
+                    "best_ops": b["setup"]["c10d_ops"],
+                    "fastinit_ops": f["setup"]["c10d_ops"],
+                    "stock_bytes": s["setup"]["c10d_bytes"],
+                    "best_bytes": b["setup"]["c10d_bytes"],
+                    "fastinit_bytes": f["setup"]["c10d_bytes"],
+                    "stock_groups": s["setup"]["new_groups"],
+                    "fastinit_groups": f["setup"]["new_groups"],
+                    "stock_store": s["setup"]["store_ops"],
+                    "fastinit_store": f["setup"]["store_ops"],
+                    "warmup_ops": f["warmup"]["c10d_ops"],
+                    "stock_rss": s["peak_rss_mb"],
+                    "best_rss": b["peak_rss_mb"],
+                    "fastinit_rss": f["peak_rss_mb"],
+                }
+            )
+    return rows

@@ -1,0 +1,62 @@
+"""A short GPU run of the time-to-first-batch benchmark, for ``make gpu-check``.
+
+    python -m benchmarks.gpu_check [--out bench-out/gpu-check]
+
+Every mode (stock, stock-best, fastinit), cold and same-hosts, one repeat, the tiny model with its
+dense arch compiled, as many ranks as this host has GPUs (NCCL), plus the floor; fails if any run
+fails or a run's trace shows it did not run on CUDA. Prepared without a GPU at hand: run it on the
+first GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out/gpu-check")
+    parser.add_argument("--model", default="tiny")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing to check", file=sys.stderr)
+        raise SystemExit(2)
+    from benchmarks import bench
+
+    nproc = torch.cuda.device_count()
+    summary = bench.main(
+        [
+            "--models", args.model,
+            "--scenarios", "cold,same-hosts",
+            "--repeats", "1",
+            "--nproc", str(nproc),
+            "--launcher", "torchrun",
+            "--out", args.out,
+            "--timeout", "600",
+        ]
+    )  # fmt: skip
+    for per in summary["results"].values():
+        for modes in per.values():
+            for mode, res in modes.items():
+                if not res["ttfb_s"] > 0:
+                    raise SystemExit(f"gpu_check: {mode} has no time to first batch")
+                info = res["info"]
+                if (
+                    not str(info.get("device", "")).startswith("cuda")
+                    or info.get("backend") != "nccl"
+                ):
+                    raise SystemExit(
+                        f"gpu_check: {mode} ran on {info.get('device')} / {info.get('backend')}"
+                    )
+    print(f"gpu_check: {nproc} GPU rank(s), every mode reached its first batch")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Launching the benchmark's programs: the trainer (through the torchx component or torchrun)
+and the floor (torchrun), on ``nproc`` ranks of this host, every address 127.0.0.1."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+__all__ = ["RunSpec", "run_trainer", "run_floor", "trace_files"]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RunSpec:
+    """One launch."""
+
+    mode: str
+    """Trainer mode (:data:`benchmarks.trainer.MODES`)."""
+    model: str
+    cache: str
+    """Scenario label."""
+    out: str
+    """Trace directory of this run (emptied first)."""
+    inductor_dir: str
+    """``TORCHINDUCTOR_CACHE_DIR`` of the ranks."""
+    cache_dir: str | None = None
+    """The mode's shared storage (``--cache-dir``)."""
+    nproc: int = 2
+    data_dir: str = "bench-out/data"
+    batch_size: int = 256
+    compile: bool = True
+    launcher: str = "torchx"
+    """"torchx" (the component, local_cwd scheduler) or "torchrun"."""
+    timeout_s: float = 1200.0
+
+
+def _env(spec: RunSpec) -> dict[str, str]:
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": spec.inductor_dir,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONWARNINGS": "ignore",
+        "LOGLEVEL": "WARNING",
+    }
+
+
+def _torchrun(nproc: int) -> list[str]:
+    return [
+        os.path.join(os.path.dirname(sys.executable), "torchrun"),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+    ]
+
+
+def _path_env() -> dict[str, str]:
+    bin_dir = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def trace_files(out: str) -> list[str]:
+    """The per-rank trace files a run left in ``out``."""
+    return sorted(os.path.join(out, f) for f in os.listdir(out) if f.startswith("trace-rank"))
+
+
+def _fresh_out(out: str) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+
+
+def _check(spec: RunSpec, ok: bool, detail: str, what: str) -> list[str]:
+    paths = trace_files(spec.out)
+    if not ok or len(paths) != spec.nproc:
+        raise RuntimeError(
+            f"{what} {spec.mode}/{spec.model}/{spec.cache} failed ({detail}); "
+            f"{len(paths)} of {spec.nproc} trace files"
+        )
+    return paths
+
+
+def run_trainer(spec: RunSpec) -> list[str]:
+    """Launch :mod:`benchmarks.trainer` once; returns its per-rank trace files.
+
+    Raises:
+        RuntimeError: the run failed or left fewer trace files than ranks.
+    """
+    from benchmarks.components import trainer_args, ttfb
+
+    _fresh_out(spec.out)
+    env = _path_env()
+    if spec.launcher == "torchx":
+        app = ttfb(
+            mode=spec.mode,
+            model=spec.model,
+            cache=spec.cache,
+            out=spec.out,
+            cache_dir=spec.cache_dir,
+            data_dir=spec.data_dir,
+            nproc=spec.nproc,
+            batch_size=spec.batch_size,
+            no_compile=not spec.compile,
+            env=_env(spec),
+        )
+        ok, detail = _run_torchx(app, spec, env)
+    else:
+        args = trainer_args(
+            spec.mode,
+            spec.model,
+            spec.cache,
+            spec.out,
+            spec.cache_dir,
+            spec.data_dir,
+            spec.batch_size,
+            1,
+            not spec.compile,
+        )
+        cmd = [*_torchrun(spec.nproc), "-m", "benchmarks.trainer", *args]
+        ok, detail = _run(cmd, {**env, **_env(spec)}, spec)
+    return _check(spec, ok, detail, "run")
+
+
+def run_floor(spec: RunSpec, plan_file: str) -> list[str]:
+    """Launch :mod:`benchmarks.floor` once (torchrun); returns its per-rank trace files."""
+    _fresh_out(spec.out)
+    cmd = [
+        *_torchrun(spec.nproc),
+        "-m",
+        "benchmarks.floor",
+        "--model",
+        spec.model,
+        "--plan",
+        plan_file,
+        "--cache",
+        spec.cache,
+        "--out",
+        spec.out,
+        "--data-dir",
+        spec.data_dir,
+        "--batch-size",
+        str(spec.batch_size),
+    ]
+    if not spec.compile:
+        cmd.append("--no-compile")
+    ok, detail = _run(cmd, {**_path_env(), **_env(spec)}, spec)
+    return _check(spec, ok, detail, "floor")
+
+
+def _run(cmd: list[str], env: dict[str, str], spec: RunSpec) -> tuple[bool, str]:
+    log = os.path.join(spec.out, "launch.log")
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(
+                cmd,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=spec.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {spec.timeout_s:.0f}s; log {log}"
+    return proc.returncode == 0, f"exit code {proc.returncode}; log {log}"
+
+
+def _run_torchx(app: Any, spec: RunSpec, env: dict[str, str]) -> tuple[bool, str]:
+    """Run the AppDef on torchx's local_cwd scheduler and wait for it."""
+    from torchx.runner import get_runner
+
+    log_dir = os.path.join(spec.out, "torchx")
+    saved = dict(os.environ)
+    os.environ["PATH"] = env["PATH"]  # the scheduler resolves torchrun through PATH
+    try:
+        with get_runner() as runner:
+            handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": log_dir})
+            deadline = time.monotonic() + spec.timeout_s
+            status = None
+            while time.monotonic() < deadline:
+                status = runner.status(handle)
+                if status is not None and status.is_terminal():
+                    break
+                time.sleep(0.2)
+            else:
+                runner.cancel(handle)
+                return False, f"timed out after {spec.timeout_s:.0f}s; logs {log_dir}"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    state = getattr(status, "state", None)
+    return str(state).endswith("SUCCEEDED"), f"torchx state {state}; logs {log_dir}"

@@ -1,0 +1,317 @@
+"""The benchmark's report: tables (Markdown), targets, the timeline picture and the Perfetto
+trace, from the summary :mod:`benchmarks.bench` builds. Drawing goes through
+:mod:`fastinit.report` (the same code ``fastinit report TRACE_DIR`` uses)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from benchmarks.analysis import TIMELINE
+from benchmarks.scenarios import RULES
+from benchmarks.trainer import MODES
+
+__all__ = [
+    "format_table",
+    "format_targets",
+    "format_comm",
+    "format_stages",
+    "format_gaps",
+    "targets",
+    "write_report",
+    "write_timeline",
+    "write_chrome_trace",
+    "ett_section",
+]
+
+#: Which floor piece each of fastinit's stages stands against (for the gap table).
+_GAP_PAIRS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("launch + imports", ("launch", "device_init"), ("launch",)),
+    ("process group", ("process_group_init",), ("process_group_init",)),
+    ("build the sharded model", ("train_module_creation",), ("build",)),
+    ("compile + first step", ("pre_train", "first_step"), ("first_step",)),
+    (
+        "first batch of data",
+        ("preproc_creation", "get_first_batch_data"),
+        ("get_first_batch_data",),
+    ),
+)
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The headline table: time to first batch of every mode and the floor, and the ratios."""
+    head = (
+        "| model | scenario | stock s | stock-best s | fastinit s | floor s "
+        "| fastinit / stock-best | fastinit / stock | fastinit / floor | stock-best / floor |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = [
+        f"| {r['model']} | {r['scenario']} | {_f(r['stock_s'])} | {_f(r['best_s'])} "
+        f"| {_f(r['fastinit_s'])} | {_f(r['floor_s'])} | **{_f(r['vs_best'], 2)}** "
+        f"| {_f(r['vs_stock'], 2)} | **{_f(r['vs_floor'], 2)}** | {_f(r['best_vs_floor'], 2)} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """One target of the benchmark and whether this run meets it."""
+
+    what: str
+    measured: float
+    limit: float
+    met: bool
+
+
+def targets(rows: Sequence[Mapping[str, Any]], nproc: int) -> list[Target]:
+    """The targets, checked on the rows of one summary (large-model targets only at 4 ranks)."""
+    out = []
+    for r in rows:
+        where = f"{r['model']} / {r['scenario']}, {nproc} ranks"
+        if r["scenario"] != "cold" and not math.isnan(r["vs_best"]):
+            out.append(Target(f"{where}: fastinit / stock-best", r["vs_best"], 1.0, False))
+        if not math.isnan(r["vs_floor"]):
+            out.append(Target(f"{where}: fastinit / floor", r["vs_floor"], 1.15, False))
+        if r["model"] == "large" and nproc == 4:
+            if r["scenario"] == "new-hosts":
+                out.append(Target(f"{where}: fastinit / stock-best", r["vs_best"], 0.8, False))
+            if r["scenario"] == "cold":
+                out.append(Target(f"{where}: fastinit / stock", r["vs_stock"], 0.3, False))
+    return [dataclasses.replace(t, met=t.measured <= t.limit) for t in out]
+
+
+def format_targets(ts: Sequence[Target]) -> str:
+    lines = ["| target | measured | limit | met |", "|---|---:|---:|---|"]
+    lines += [
+        f"| {t.what} | {t.measured:.2f} | ≤ {t.limit:.2f} | {'yes' if t.met else '**no**'} |"
+        for t in ts
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def format_comm(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Start-up communication per rank (exact counts) and peak memory."""
+    head = (
+        "| model | scenario | c10d ops stock / stock-best / fastinit | bytes | new groups "
+        "| store ops | peak RSS MB |\n|---|---|---:|---:|---:|---:|---:|\n"
+    )
+    lines = [
+        f"| {r['model']} | {r['scenario']} "
+        f"| {r['stock_ops']:.0f} / {r['best_ops']:.0f} / {r['fastinit_ops']:.0f} "
+        f"| {r['stock_bytes']:.0f} / {r['best_bytes']:.0f} / {r['fastinit_bytes']:.0f} "
+        f"| {r['stock_groups']:.0f} → {r['fastinit_groups']:.0f} "
+        f"| {r['stock_store']:.0f} → {r['fastinit_store']:.0f} "
+        f"| {r['stock_rss']:.0f} / {r['best_rss']:.0f} / {r['fastinit_rss']:.0f} |"
+        for r in rows
+    ]
+    return head + "\n".join(lines) + "\n"
+
+
+def format_stages(results: Mapping[str, Any], floors: Mapping[str, Any]) -> str:
+    """Per-stage medians (max over ranks) of every mode, and the floor's pieces, seconds."""
+    head = "| model | scenario | mode | " + " | ".join(TIMELINE) + " | first batch |\n"
+    head += "|---|---|---|" + "---:|" * (len(TIMELINE) + 1) + "\n"
+    lines = []
+    for model, per in results.items():
+        for scenario, modes in per.items():
+            for mode in MODES:
+                res = modes[mode]
+                cells = " | ".join(f"{res['stages_s'][s]:.2f}" for s in TIMELINE)
+                lines.append(f"| {model} | {scenario} | {mode} | {cells} | {res['ttfb_s']:.2f} |")
+            floor = floors.get(model, {}).get(scenario)
+            if floor:
+                p = floor["pieces_s"]
+                lines.append(
+                    f"| {model} | {scenario} | floor pieces | launch {p['launch']:.2f} "
+                    f"| build {p['build']:.2f} | process group {p['process_group_init']:.2f} "
+                    f"| first batch of data {p['get_first_batch_data']:.2f} "
+                    f"| first step {p['first_step']:.2f} |"
+                    + " |" * (len(TIMELINE) - 4)
+                    + f" {floor['floor_s']:.2f} |"
+                )
+    return head + "\n".join(lines) + "\n"
+
+
+def format_gaps(results: Mapping[str, Any], floors: Mapping[str, Any]) -> str:
+    """Where fastinit's time goes against the floor: each floor piece beside the fastinit
+    stages doing that work (medians, seconds; fastinit's stages overlap, so the rows do not add
+    up to its time to first batch)."""
+    head = "| model | scenario | work | fastinit stages s | floor piece s | gap s |\n"
+    head += "|---|---|---|---:|---:|---:|\n"
+    lines = []
+    for model, per in results.items():
+        for scenario, modes in per.items():
+            floor = floors.get(model, {}).get(scenario)
+            if not floor:
+                continue
+            fast = modes["fastinit"]["stages_s"]
+            for label, stages, pieces in _GAP_PAIRS:
+                a = sum(fast.get(s, 0.0) for s in stages)
+                b = sum(floor["pieces_s"].get(p, 0.0) for p in pieces)
+                lines.append(
+                    f"| {model} | {scenario} | {label} ({' + '.join(stages)}) "
+                    f"| {a:.2f} | {b:.2f} | {a - b:+.2f} |"
+                )
+    return head + "\n".join(lines) + "\n"
+
+
+def ett_section(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the measured restart saving against stock-best is worth in ETT points."""
+    from benchmarks.ett import JobProfile, ett, ett_points_saved
+
+    restarts = [r for r in rows if r["scenario"] == "new-hosts"]
+    if not restarts:
+        return ""
+    row = restarts[-1]
+    base = {
+        "time_to_recover_s": 120.0,
+        "failures_per_day": 3.0,
+        "checkpoint_blocking_s": 30.0,
+    }
+    best = ett(JobProfile(time_to_start_s=row["best_s"], **base))
+    fast = ett(JobProfile(time_to_start_s=row["fastinit_s"], **base))
+    points = ett_points_saved(
+        JobProfile(time_to_start_s=row["best_s"], **base), row["best_s"], row["fastinit_s"]
+    )
+    return (
+        "\n## What it is worth (ETT)\n\n"
+        f"Restarts on new hosts taking the measured {row['model']} times to first batch "
+        f"(stock-best {row['best_s']:.1f} s, fastinit {row['fastinit_s']:.1f} s), 3 failures a "
+        "day (the order of the 7.9 h mean time to failure reported for 1,024-GPU jobs by "
+        "Kokolis et al., *Revisiting Reliability in Large-Scale Machine Learning Research "
+        "Clusters*, 2024), 120 s to recover per restart, checkpoints blocking 30 s at their "
+        f"optimal (Young) interval: ETT {best.ett_pct:.3f}% → {fast.ett_pct:.3f}%, "
+        f"**{points:+.3f} ETT points** ({points / 100 * 86400:+.0f} s of training a day) on "
+        "this host. At scale the saving per restart is the projected one, not this machine's "
+        "seconds (`benchmarks/ett.py` has the model).\n"
+    )
+
+
+def write_report(summary: Mapping[str, Any], path: str) -> None:
+    """``report.md``: headline table, targets, floor, stages, gaps, communication, rules."""
+    cfg = summary["config"]
+    v = summary["versions"]
+    m = summary["machine"]
+    rows = summary["table"]
+    text = [
+        "# Time to first batch: stock, stock-best, fastinit and the floor\n",
+        f"{summary['date']}; {cfg['nproc']} ranks on one host ({m['cpus']} CPUs, "
+        f"{m['processor']}; load average {m['load_avg_at_start'][0]:.1f} at the start, "
+        f"{m.get('load_avg_at_end', [float('nan')])[0]:.1f} at the end: the machine was "
+        f"{'shared with other work' if m['load_avg_at_start'][0] > 1.0 else 'quiet'}); "
+        f"torch {v.get('torch')}, torchrec {v.get('torchrec')}, fbgemm_gpu {v.get('fbgemm_gpu')}, "
+        f"torchx {v.get('torchx')}, Python {v.get('python')}; trainer launched with "
+        f"{summary['launcher']}; median of {cfg['repeats']} repeat(s), each the max over ranks; "
+        f"whole benchmark {summary['wall_s'] / 60:.0f} min.\n",
+        "Time to first batch: on every rank from its process start to the return of the first "
+        "`TrainPipelineSparseDist.progress`. Ratios from the same run are the result; absolute "
+        "seconds on a shared machine are noise.\n",
+        "- **stock**: TorchRec as shipped: `collective_plan` + `DistributedModelParallel`, "
+        "stages in sequence, dense arch compiled by the first step, Inductor's cache on the "
+        "host's disk.\n"
+        "- **stock-best**: stock TorchRec as a careful user sets it up: `TORCHINDUCTOR_CACHE_DIR` "
+        "on shared storage, `torch.compiler.load_cache_artifacts` of the artifacts the previous "
+        "run saved (`save_cache_artifacts`), the previous run's plan (`torch.save`) passed as "
+        "`plan=`. Every restart ratio is against it.\n"
+        "- **fastinit**: `fastinit.setup` (plan cache, one record exchange) in a stage graph: "
+        "data pipeline and compilation on a fast batch (compile cache) beside the sharding.\n"
+        "- **floor**: the irreducible pieces timed alone in the same run, on the same ranks, "
+        "with the caches of the scenario (`benchmarks/floor.py`): launch + imports, process "
+        "group, building the sharded model from a given plan with every message free (fake "
+        "backend), the data pipeline's first batch, the first compiled step; floor = launch + "
+        "the longest chain (process group → build → first step, beside the first batch).\n",
+        format_table(rows),
+        "\n## Targets\n",
+        format_targets(targets(rows, cfg["nproc"])),
+        "\n## Scenarios (the same rules for every mode)\n",
+        "\n".join(f"- **{k}**: {v_}." for k, v_ in RULES.items())
+        + "\n\nShared storage: fastinit's cache root; stock-best's Inductor directory, compile "
+        "artifacts and saved plan; stock keeps nothing there. Host-local: the Inductor "
+        "directory of stock and fastinit. A restart scenario starts from a cold run of the same "
+        "mode (its priming run); "
+        + (
+            "stock's new-hosts runs are its cold runs (it keeps nothing on shared storage, so "
+            "the state is the same)."
+            if cfg.get("reuse_stock_cold")
+            else "every scenario of every mode is its own run."
+        )
+        + "\n",
+        "\n## Stages (seconds, median over repeats of the max over ranks)\n",
+        "Stock and stock-best run the stages one after the other and compile inside "
+        "`first_step`; fastinit overlaps them, so its stage times add up to more than its time "
+        "to first batch.\n",
+        format_stages(summary["results"], summary["floors"]),
+        "\n## fastinit against the floor, piece by piece\n",
+        format_gaps(summary["results"], summary["floors"]),
+        "\n## Start-up communication per rank (before the first step)\n",
+        "Exact counts at the dispatcher, max over ranks; fastinit's warm-up step on the fast "
+        "batch (training collectives moved earlier) is not counted here: "
+        + ", ".join(f"{r['model']}/{r['scenario']} {r['warmup_ops']:.0f}" for r in rows)
+        + ".\n",
+        format_comm(rows),
+        "\n`timeline.png`: every mode's ranks (median repeat) and the floor's, per model and "
+        "scenario; `trace.json`: every run in Perfetto / chrome://tracing.\n",
+        ett_section(rows),
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(text))
+
+
+def write_timeline(summary: Mapping[str, Any], raw: Mapping[str, Any], path: str) -> None:
+    """One panel per (model, scenario): the median repeat of every mode, then the floor."""
+    from fastinit.report import load, plot_timelines, timeline_rows
+
+    panels = []
+    for model, per in raw.items():
+        for scenario, modes in per.items():
+            rows = []
+            for mode in (*MODES, "floor"):
+                runs = modes.get(mode) or []
+                if not runs:
+                    continue
+                key = "floor_s" if mode == "floor" else "ttfb_s"
+                run = sorted(runs, key=lambda r, k=key: r[k])[len(runs) // 2]
+                names = None if mode == "floor" else TIMELINE
+                rows += timeline_rows(load(run["paths"]), names=names, prefix=f"{mode} ")
+            res = summary["results"][model][scenario]
+            floor = summary["floors"].get(model, {}).get(scenario)
+            panels.append(
+                (
+                    f"{model}, {scenario}: stock {res['stock']['ttfb_s']:.1f} s, stock-best "
+                    f"{res['stock-best']['ttfb_s']:.1f} s, fastinit "
+                    f"{res['fastinit']['ttfb_s']:.1f} s, floor "
+                    + (f"{floor['floor_s']:.1f} s" if floor else "–")
+                    + " (medians; bars: the median repeat)",
+                    rows,
+                )
+            )
+    plot_timelines(
+        panels,
+        path,
+        xlabel="seconds since the run's first process start (black line: first batch; "
+        "ticks: c10d ops)",
+    )
+
+
+def write_chrome_trace(raw: Mapping[str, Any], path: str) -> None:
+    """Every run's ranks in one Chrome/Perfetto trace."""
+    from fastinit.report import write_chrome_trace as write
+
+    runs: list[tuple[str, Sequence[str]]] = []
+    seen: set[int] = set()
+    for model, per in raw.items():
+        for scenario, modes in per.items():
+            for mode, mode_runs in modes.items():
+                for r, run in enumerate(mode_runs):
+                    if id(run) in seen:  # stock's cold runs standing for new-hosts
+                        continue
+                    seen.add(id(run))
+                    runs.append((f"{model} {scenario} {mode} r{r}", run["paths"]))
+    write(runs, path)

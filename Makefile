@@ -39,8 +39,8 @@ $(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
 env: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check fastinit tests benchmarks
-	$(VENV)/bin/ruff format --check fastinit tests benchmarks
+	$(VENV)/bin/ruff check fastinit tests benchmarks examples tools scripts
+	$(VENV)/bin/ruff format --check fastinit tests benchmarks examples tools scripts
 	$(VENV)/bin/mypy
 
 test: lint

@@ -103,13 +103,14 @@ def _trainer(mode: str, data_seconds: float) -> dict[str, Any]:
     import torch.distributed as dist
 
     from fastinit import trace
+    from fastinit.testing.models import ModelSpec, make_batch
     from fastinit.warmup import (
         CompileConfig,
         StageGraph,
         WarmupConfig,
         compile_modules,
         fast_batch,
-        schema_from_model,
+        schema_from_batch,
         warm_up,
     )
 
@@ -131,7 +132,8 @@ def _trainer(mode: str, data_seconds: float) -> dict[str, Any]:
 
             def pre_train(built: tuple[Any, Any]) -> None:
                 model, optimizer = built
-                batch = fast_batch(schema_from_model(model), 8, torch.device("cpu"))
+                schema = schema_from_batch(make_batch(ModelSpec(**SPEC), 2), model)
+                batch = fast_batch(schema, 8, torch.device("cpu"))
                 warm_up(
                     model,
                     batch,

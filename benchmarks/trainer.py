@@ -360,6 +360,7 @@ class _Trainer:
             return None
         import torch
 
+        from fastinit.testing.models import make_batch
         from fastinit.warmup import (
             CompileCache,
             CompileCacheConfig,
@@ -368,7 +369,7 @@ class _Trainer:
             compile_modules,
             fast_batch,
             module_fingerprint,
-            schema_from_model,
+            schema_from_batch,
             warm_up,
         )
 
@@ -399,8 +400,10 @@ class _Trainer:
                 compile_modules(model, compile_config)
             return None
         device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else None
+        # The warm-up batch has the form of the pipeline's batches (this trainer's Batch type,
+        # its feature order): TorchRec fixes its input layout from the first batch it sees.
         batch = fast_batch(
-            schema_from_model(model),
+            schema_from_batch(make_batch(self.spec, 2), model),
             self.config.fast_batch_size,
             device or torch.device("cpu"),
         )
@@ -586,6 +589,11 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     }
     # After the measurement: keep the compiled artifacts for the next job (one writer per host).
     if trainer.compile_cache is not None:
+        # "hit" only once Inductor served graphs from the restored entry (after the first step).
+        confirmed = trainer.compile_cache.confirm()
+        if confirmed is not None:
+            trainer.info["compile_cache"] = confirmed.status
+            summary["compile_cache"] = confirmed.status
         if trainer.local_rank == 0 and trainer.info.get("compile_cache") != "hit":
             with trace.span("compile_cache_save"):
                 summary["compile_cache_saved"] = trainer.compile_cache.save()

@@ -55,6 +55,7 @@ from typing import Any  # noqa: E402
 __all__ = [
     "MODES",
     "STAGES",
+    "FASTINIT_AFTER",
     "FASTINIT_DEPS",
     "MODELS",
     "TrainerConfig",
@@ -91,6 +92,12 @@ FASTINIT_DEPS: dict[str, tuple[str, ...]] = {
     "pre_train": ("train_module_creation",),
     "get_first_batch_data": ("preproc_creation",),
 }
+
+#: Ordering without passing results. The DataLoader workers are forked (``preproc_creation``)
+#: before any other stage starts: a fork while another thread holds a lock (the import lock during
+#: ``fastinit.setup``'s lazy imports, say) leaves the child blocked on it forever, and the first
+#: batch never comes. Once forked, the workers produce the first batch beside the sharding.
+FASTINIT_AFTER: dict[str, tuple[str, ...]] = {"process_group_init": ("preproc_creation",)}
 
 #: Reference models: (EmbeddingBagCollection tables, EmbeddingCollection tables, rows).
 MODELS: dict[str, tuple[int, int, int]] = {
@@ -450,7 +457,13 @@ class _Trainer:
             "pre_train": self.pre_train,
         }
         for name, fn in stages.items():
-            graph.add(name, _on_device(fn), deps=FASTINIT_DEPS[name], collective=name in collective)
+            graph.add(
+                name,
+                _on_device(fn),
+                deps=FASTINIT_DEPS[name],
+                after=FASTINIT_AFTER.get(name, ()),
+                collective=name in collective,
+            )
         results = graph.run()
         return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
 

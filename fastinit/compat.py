@@ -59,6 +59,17 @@ _SETUP: tuple[str, ...] = (
     "torch.distributed._shard.sharded_tensor:"
     "ShardedTensor._init_from_local_shards_and_global_metadata",
     "torch.distributed._shard.sharded_tensor:TensorProperties",
+    # own-rank construction (fastinit/sharding/local.py, _torchrec_modules.py)
+    "torch.distributed._shard.sharded_tensor:ShardedTensor._normalize_pg",
+    "torch.distributed._shard.sharded_tensor:ShardedTensor._prepare_init",
+    "torch.distributed._shard.sharded_tensor:ShardedTensor._post_init",
+    "torch.distributed.distributed_c10d:_rank_not_in_group",
+    "torch.distributed._shard.sharding_spec.api:_infer_sharding_spec_from_shards_metadata",
+    "torch.distributed._shard.sharding_spec._internals:validate_non_overlapping_shards_metadata",
+    "torch.distributed._shard.sharding_spec._internals:check_tensor",
+    "torchrec.distributed.batched_embedding_kernel:EmbeddingFusedOptimizer",
+    "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection.create_embedding_bag_sharding",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection.create_embedding_sharding",
     "torch.distributed:_broadcast_coalesced",
     "torch.distributed.device_mesh:DeviceMesh.from_group",
     "torch.nn.parallel:DistributedDataParallel(init_sync)",

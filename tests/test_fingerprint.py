@@ -1,4 +1,4 @@
-"""planner_fingerprint covers what decides the plan (and nothing process-specific); dense_digest."""
+"""planner_fingerprint covers what decides the plan (and nothing process-specific)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -25,12 +24,10 @@ from torchrec.distributed.planner import (  # noqa: E402
 )
 
 from fastinit.sharding.fingerprint import (  # noqa: E402
-    dense_digest,
     planner_fingerprint,
     planner_inputs,
-    sharded_parameter_names,
 )
-from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
+from fastinit.testing.models import ModelSpec, build_model  # noqa: E402
 
 SPEC = ModelSpec(num_tables=7, num_ec_tables=7, num_weighted_tables=2, fp16_every=3)
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -227,70 +224,6 @@ def test_independent_of_pythonhashseed() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == [d.hex() for d in _hashseed_inputs()]
-
-
-# ---- dense digest ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def plan() -> Any:
-    return build_plan(
-        build_model(SPEC, device="meta"), list(SHARDING_TYPES), world_size=4, local_world_size=2
-    )
-
-
-def test_sharded_parameter_names(plan: Any) -> None:
-    model = build_model(SPEC, device="meta")
-    names = sharded_parameter_names(model, plan)
-    assert len(names) == 16
-    assert "sparse.ebc.embedding_bags.t0.weight" in names
-    assert "sparse.ec.embeddings.e6.weight" in names
-    assert names <= {n for n, _ in model.named_parameters()}
-    dp = {
-        n
-        for path, mp in plan.plan.items()
-        for table, ps in mp.items()
-        if ps.sharding_type == "data_parallel"
-        for n in names
-        if n.startswith(f"{path}.") and n.endswith(f".{table}.weight")
-    }
-    assert len(dp) == 3  # one per module: the seven types cycle over 16 tables
-    assert dp and sharded_parameter_names(model, plan, data_parallel=False) == names - dp
-
-
-def test_dense_digest(plan: Any) -> None:
-    assert dense_digest(build_model(SPEC, device="meta"), set()) is None
-    a = build_model(SPEC, device="cpu", seed=1)
-    names = sharded_parameter_names(a, plan)
-    digest = dense_digest(a, names)
-    assert digest is not None and len(digest) == 32
-    assert dense_digest(build_model(SPEC, device="cpu", seed=1), names) == digest
-    assert dense_digest(build_model(SPEC, device="cpu", seed=2), names) != digest
-    with torch.no_grad():
-        a.sparse.ebc.embedding_bags["t0"].weight.add_(1.0)  # a sharded table: left out
-    assert dense_digest(a, names) == digest
-    assert dense_digest(a, set()) != dense_digest(build_model(SPEC, device="cpu", seed=1), set())
-    with torch.no_grad():
-        a.over_arch[0].bias[3] += 1e-3  # one dense value
-    assert dense_digest(a, names) != digest
-    # sharded tables still on meta do not matter; a dense buffer does
-    b = build_model(SPEC, device="cpu", seed=1)
-    b.sparse.to("meta")
-    assert dense_digest(b, names) == digest
-    b.register_buffer("step", torch.zeros(2, dtype=torch.bfloat16))
-    with_buffer = dense_digest(b, names)
-    assert with_buffer not in (None, digest)
-    b.step[1] = 1
-    assert dense_digest(b, names) != with_buffer
-    b.register_buffer("later", torch.zeros(1, device="meta"))
-    assert dense_digest(b, names) is None
-
-
-def test_dense_digest_is_fast() -> None:
-    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(12)])  # ~50 MB
-    start = time.perf_counter()
-    assert dense_digest(model, set()) is not None
-    assert time.perf_counter() - start < 1.0
 
 
 # -- inputs without a canonical description disable the plan cache ---------------------------------

@@ -1,18 +1,16 @@
-"""Digests of what determines a sharding plan, and of a module's dense state.
+"""A digest of what determines a sharding plan.
 
 :func:`planner_fingerprint` is the key of the plan cache and the value every rank compares in the
 start-up record: two processes with the same fingerprint would get the same plan from the same
 planner. It is a sha256 over a canonical JSON document (sorted keys, no ``hash()``, no ``id()``, no
 ``repr`` of arbitrary objects), so it is the same in every process whatever ``PYTHONHASHSEED``.
 
-:func:`dense_digest` hashes the parameters and buffers that the plan does not shard, so ranks can
-tell without a broadcast whether they already hold the same dense state.
+The replicated values themselves (dense parameters, buffers, data-parallel tables) are compared
+after construction by :mod:`fastinit.protocol`.
 
 Example::
 
     key = planner_fingerprint(model, sharders, topology, constraints=constraints)
-    names = sharded_parameter_names(model, plan)
-    digest = dense_digest(model, names)  # None while anything dense is on "meta"
 """
 
 from __future__ import annotations
@@ -29,18 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
-    from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+    from torchrec.distributed.types import ModuleSharder, ShardingPlanner
 
 __all__ = [
     "FINGERPRINT_VERSION",
     "planner_fingerprint",
     "planner_inputs",
     "uncacheable_reason",
-    "dense_digest",
-    "sharded_parameter_names",
 ]
 
 #: Bumped whenever what the fingerprint covers changes, so old cache entries stop matching.
@@ -521,89 +516,3 @@ def _object_problem(value: Any, where: str, depth: int) -> str | None:
             f"{missing} under their names"
         )
     return _first(_describe_problem(v, f"{where}.{k}", depth) for k, v in sorted(settings.items()))
-
-
-def sharded_parameter_names(
-    module: nn.Module, plan: ShardingPlan, *, data_parallel: bool = True
-) -> set[str]:
-    """The fully qualified names of the table weights ``plan`` shards in ``module``.
-
-    A parameter ``<path>.<...>.<table>.weight`` of the module at ``<path>`` is a table of the
-    plan when ``<table>`` is a parameter name of that module's plan (the layout of TorchRec's
-    ``EmbeddingBagCollection`` (``embedding_bags``) and ``EmbeddingCollection`` (``embeddings``)).
-
-    Args:
-        module: the unsharded model.
-        plan: its sharding plan.
-        data_parallel: include data-parallel tables (replicated, not split); False treats them
-            as dense.
-
-    Returns:
-        e.g. ``{"sparse.ebc.embedding_bags.t0.weight", ...}``.
-    """
-    names: set[str] = set()
-    for path, module_plan in plan.plan.items():
-        if not isinstance(module_plan, Mapping):
-            continue
-        try:
-            sub = module.get_submodule(path)
-        except AttributeError:
-            continue
-        for pname, _ in sub.named_parameters():
-            parts = pname.split(".")
-            if len(parts) < 2 or parts[-1] != "weight" or parts[-2] not in module_plan:
-                continue
-            if not data_parallel and module_plan[parts[-2]].sharding_type == "data_parallel":
-                continue
-            names.add(f"{path}.{pname}" if path else pname)
-    return names
-
-
-def _dense_tensors(
-    module: nn.Module, sharded_param_names: Iterable[str]
-) -> list[tuple[str, str, torch.Tensor]]:
-    excluded = set(sharded_param_names)
-    out: list[tuple[str, str, torch.Tensor]] = []
-    for kind, named in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
-        for name, tensor in named:
-            if name not in excluded:
-                out.append((name, kind, tensor))
-    out.sort(key=lambda item: (item[0], item[1]))
-    return out
-
-
-def dense_digest(module: nn.Module, sharded_param_names: set[str]) -> bytes | None:
-    """A digest of the module's dense state as it is now (32 bytes), or None if it is on meta.
-
-    Hashes, in name order, every parameter and buffer not in ``sharded_param_names``: its name,
-    kind, dtype, shape and bytes. CUDA tensors are copied to the CPU.
-
-    Args:
-        module: the model.
-        sharded_param_names: fully qualified names of the tables the plan shards (see
-            :func:`sharded_parameter_names`); they are left out.
-
-    Returns:
-        The sha256 digest, or None when any dense parameter or buffer is on the meta device.
-    """
-    import torch
-
-    tensors = _dense_tensors(module, sharded_param_names)
-    if any(t.device.type == "meta" for _, _, t in tensors):
-        return None
-    h = hashlib.sha256()
-    h.update(f"fastinit-dense/{FINGERPRINT_VERSION}\n".encode())
-    for name, kind, tensor in tensors:
-        t = tensor.detach()
-        if t.is_sparse:
-            t = t.to_dense()
-        header = {"name": name, "kind": kind, "dtype": str(t.dtype), "shape": list(t.shape)}
-        h.update(_dumps(header).encode("utf-8"))
-        h.update(b"\n")
-        if t.numel() == 0:
-            continue
-        flat = t.cpu().contiguous().reshape(-1)
-        if flat.dtype != torch.uint8:
-            flat = flat.view(torch.uint8)
-        h.update(flat.numpy().data)
-    return h.digest()

@@ -33,7 +33,6 @@ _T_IMPORT = time.time()
 import argparse  # noqa: E402
 import itertools  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -224,14 +223,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     record = run(_parse(argv))
     print(f"rank {record['rank']}: floor pieces {record['seconds']}", flush=True)
-    sys.stdout.flush()
-    import multiprocessing
+    from benchmarks.trainer import exit_now
 
-    for child in multiprocessing.active_children():
-        child.terminate()
-    for child in multiprocessing.active_children():
-        child.join(timeout=5)
-    os._exit(0)
+    exit_now()
 
 
 if __name__ == "__main__":

@@ -660,12 +660,16 @@ def main(argv: list[str] | None = None) -> None:
         f"first batch {summary['ttfb_s']:.2f} s after process start",
         flush=True,
     )
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # DataLoader workers are children: end them, then skip interpreter teardown (torch's atexit
-    # hooks may wait on peers that already left).
+    exit_now()
+
+
+def exit_now() -> None:
+    """Flush, end the DataLoader workers (children), then skip interpreter teardown: torch's
+    atexit hooks may wait on peers that already left."""
     import multiprocessing
 
+    sys.stdout.flush()
+    sys.stderr.flush()
     for child in multiprocessing.active_children():
         child.terminate()
     for child in multiprocessing.active_children():

@@ -14,18 +14,10 @@ import sys
 
 import pytest
 
+from benchmarks.trainer import STAGES
 from fastinit import report
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "testdata" / "tiny-cold"
-STAGES = (
-    "device_init",
-    "process_group_init",
-    "preproc_creation",
-    "train_module_creation",
-    "init_plugins",
-    "pre_train",
-    "get_first_batch_data",
-)
 
 
 def test_import_is_light() -> None:

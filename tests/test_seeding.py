@@ -196,6 +196,21 @@ def test_materialize_dense_uses_explicit_generators(caplog: pytest.LogCaptureFix
     assert 0 < quiet["first.weight"].abs().max() <= 1 / 7**0.5
 
 
+def _nine_random_draws() -> list[torch.Tensor]:
+    """One draw from each kind of random op: factories, in-place fills, a sampling op."""
+    return [
+        torch.rand(3),
+        torch.randn(3),
+        torch.randint(0, 100, (3,)),
+        torch.randperm(5),
+        torch.empty(3).uniform_(),
+        torch.empty(3).normal_(),
+        torch.empty(3).random_(0, 9),
+        torch.empty(3).exponential_(),
+        torch.bernoulli(torch.full((3,), 0.5)),
+    ]
+
+
 def test_explicit_rng_is_thread_local_and_fills_every_random_op() -> None:
     expected = torch.Generator().manual_seed(5)
     seen: list[torch.Tensor] = []
@@ -212,32 +227,12 @@ def test_explicit_rng_is_thread_local_and_fills_every_random_op() -> None:
     with seeding.scratch_rng(1, "x"):
         entered.set()
         drawn.wait()
-        ours = [
-            torch.rand(3),
-            torch.randn(3),
-            torch.randint(0, 100, (3,)),
-            torch.randperm(5),
-            torch.empty(3).uniform_(),
-            torch.empty(3).normal_(),
-            torch.empty(3).random_(0, 9),
-            torch.empty(3).exponential_(),
-            torch.bernoulli(torch.full((3,), 0.5)),
-        ]
+        ours = _nine_random_draws()
     t.join()
     assert torch.equal(seen[0], torch.rand(4, generator=expected))
     state = torch.get_rng_state()
     with seeding.scratch_rng(1, "x"):
-        again = [
-            torch.rand(3),
-            torch.randn(3),
-            torch.randint(0, 100, (3,)),
-            torch.randperm(5),
-            torch.empty(3).uniform_(),
-            torch.empty(3).normal_(),
-            torch.empty(3).random_(0, 9),
-            torch.empty(3).exponential_(),
-            torch.bernoulli(torch.full((3,), 0.5)),
-        ]
+        again = _nine_random_draws()
     assert torch.equal(torch.get_rng_state(), state)
     for a, b in zip(ours, again, strict=True):
         assert torch.equal(a, b)

@@ -243,8 +243,9 @@ _FAKE = textwrap.dedent(
     checked = 0
     for kind, group in infos.items():
         stock_cls = {"row_wise": RwPooledEmbeddingSharding, "data_parallel": DpPooledEmbeddingSharding}[kind]
-        stock = stock_cls(group, env, torch.device("cpu"))
         fast = local.embedding_bag_sharding(group, env, torch.device("cpu"), None)
+        lazy = local.embedding_bag_sharding(group, env, torch.device("cpu"), None)  # never compared
+        stock = stock_cls(group, env, torch.device("cpu"))  # builds the plan's shard lists
         assert type(fast).__mro__[2] is stock_cls, type(fast)
         assert key(fast._grouped_embedding_configs) == key(stock._grouped_embedding_configs)
         for r in (0, rank, n - 1):
@@ -255,29 +256,33 @@ _FAKE = textwrap.dedent(
         if kind == "row_wise":
             assert fast.embedding_names_per_rank() == stock.embedding_names_per_rank()
             assert fast._get_feature_hash_sizes() == stock._get_feature_hash_sizes()
-            table = fast.embedding_tables()[0]
+            # comparing with stock's lists above built those shard lists: not this one's
+            table = lazy.embedding_tables()[0]
             md = table.global_metadata
             import copy
-            assert copy.deepcopy(md) == md and copy.deepcopy(md).shards_metadata[0] is md.shards_metadata[0]
+            deep = copy.deepcopy(md)
+            assert type(md.shards_metadata).__name__ == "LazyShards"
+            assert deep == md and deep.shards_metadata[0] is not md.shards_metadata[0]
             md = ShardedTensorMetadata(md.shards_metadata, md.size, TensorProperties(dtype=torch.float32))
             local_md = md.shards_metadata[rank]
             shards = [Shard(torch.zeros(local_md.shard_sizes), local_md)]
+            fast = local.fast_sharded_tensor
+            b = fast(shards, md)
+            c = fast(shards, md)
+            assert not md.shards_metadata.expanded  # checked on the rule, the list never built
             a = ShardedTensor._init_from_local_shards_and_global_metadata(shards, md)
-            with local.construction():
-                b = ShardedTensor._init_from_local_shards_and_global_metadata(shards, md)
-                c = ShardedTensor._init_from_local_shards_and_global_metadata(shards, md)
-                bad = ShardedTensorMetadata(md.shards_metadata, torch.Size([md.size[0] - 1, md.size[1]]), md.tensor_properties)
+            bad = ShardedTensorMetadata(md.shards_metadata, torch.Size([md.size[0] - 1, md.size[1]]), md.tensor_properties)
+            for call, err in ((fast, ValueError), (ShardedTensor._init_from_local_shards_and_global_metadata, ValueError)):
                 try:
-                    ShardedTensor._init_from_local_shards_and_global_metadata(shards, bad)
+                    call(shards, bad)
                     raise AssertionError("bounds not checked")
-                except ValueError:
+                except err:
                     pass
-                try:
-                    ShardedTensor._init_from_local_shards_and_global_metadata([], md)
-                    raise AssertionError("local count not checked")
-                except RuntimeError:
-                    pass
-            assert ShardedTensor._init_from_local_shards_and_global_metadata.__func__.__name__ == "_init_from_local_shards_and_global_metadata"
+            try:
+                fast([], md)
+                raise AssertionError("local count not checked")
+            except RuntimeError:
+                pass
             for x in (b, c):
                 assert type(x) is type(a)
                 assert x.metadata() == a.metadata() and x.sharding_spec() == a.sharding_spec()

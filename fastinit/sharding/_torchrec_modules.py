@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -138,6 +137,10 @@ def ec_initialize_torch_state(
         stock(skip_registering)
     from torch.distributed._shard.sharded_tensor import ShardedTensor, TensorProperties
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    from fastinit.sharding.kernels import fast_classes
+
+    sharded_tensor = fast_classes().sharded_tensor._init_from_local_shards_and_global_metadata
     from torchrec.distributed.types import ShardingEnv2D
     from torchrec.modules.embedding_configs import data_type_to_dtype
 
@@ -169,11 +172,7 @@ def ec_initialize_torch_state(
             tensor_sizes=torch.Size((config.num_embeddings, config.embedding_dim)),
             tensor_properties=TensorProperties(dtype=data_type_to_dtype(config.data_type)),
         )
-        m._model_parallel_name_to_sharded_tensor[name] = (
-            ShardedTensor._init_from_local_shards_and_global_metadata(
-                shards, metadata, process_group=pg
-            )
-        )
+        m._model_parallel_name_to_sharded_tensor[name] = sharded_tensor(shards, metadata, pg)
 
 
 def table_config(module: Any, name: str) -> Any:
@@ -204,52 +203,10 @@ def planner_inputs(planner: Any) -> tuple[Any, Any]:
 
 
 # ---- ShardedTensor from local shards and global metadata (fastinit.sharding.local) -----------
-# Touches: ShardedTensor._init_from_local_shards_and_global_metadata (scoped, thread-aware
-# replacement while a fast sharded module is built), ShardedTensor._normalize_pg,
+# Touches: ShardedTensor._normalize_pg,
 # ._prepare_init, ._post_init, ._local_shards, c10d._rank_not_in_group, and torch's layout checks
 # (_infer_sharding_spec_from_shards_metadata, validate_non_overlapping_shards_metadata,
 # check_tensor). Written against torch 2.13.0.
-
-_st_local = threading.local()
-_st_lock = threading.Lock()
-_st_depth = 0
-_st_original: Any = None
-
-
-def _st_dispatch(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    hook = getattr(_st_local, "hook", None)
-    if hook is not None and cls.__name__ == "ShardedTensor":
-        result = hook(*args, **kwargs)
-        if result is not NotImplemented:
-            return result
-    return _st_original.__func__(cls, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def local_sharded_tensor_from_metadata(hook: Callable[..., Any]) -> Iterator[None]:
-    """Within the block, on this thread only,
-    ``ShardedTensor._init_from_local_shards_and_global_metadata(...)`` calls ``hook`` with the
-    same arguments first; ``NotImplemented`` falls through to torch's implementation."""
-    global _st_depth, _st_original
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    name = "_init_from_local_shards_and_global_metadata"
-    with _st_lock:
-        if _st_depth == 0:
-            _st_original = ShardedTensor.__dict__[name]
-            setattr(ShardedTensor, name, classmethod(_st_dispatch))
-        _st_depth += 1
-    previous = getattr(_st_local, "hook", None)
-    _st_local.hook = hook
-    try:
-        yield
-    finally:
-        _st_local.hook = previous
-        with _st_lock:
-            _st_depth -= 1
-            if _st_depth == 0:
-                setattr(ShardedTensor, name, _st_original)
-                _st_original = None
 
 
 def rank_not_in_group(pg: Any) -> bool:
@@ -287,24 +244,27 @@ def sharded_tensor_from_checked_layout(
     spec: Any,
     process_group: Any,
     built: dict[Any, Any] | None = None,
+    held: Any = None,
 ) -> Any:
     """The rest of torch 2.13.0's ``_init_from_local_shards_and_global_metadata`` once the
     layout has been checked: the local shards' checks, then the tensor. ``built`` remembers
     ``spec.build_metadata`` per size and tensor properties (O(shards) for torch's specs), so
-    tensors of one layout get a copy of it instead of a rebuild."""
+    tensors of one layout get a copy of it instead of a rebuild. ``held``: metadata known to
+    have the shards ``spec.build_metadata`` would give (a :class:`LazyShards` layout), held
+    as it is, unbuilt."""
     import torch
     from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
     from torch.distributed._shard.sharding_spec import ShardingSpec
 
-    from fastinit.sharding.layout import SharedShards
+    from fastinit.sharding.layout import LazyShards, SharedShards
 
     props = metadata.tensor_properties
     if props.layout != torch.strided:
         raise ValueError("Only torch.strided layout is currently supported")
     size = metadata.size
     key = (tuple(size), props.dtype, props.layout, props.requires_grad, props.pin_memory)
-    template = built.get(key) if built is not None else None
+    template = built.get(key) if built is not None else held
     if template is None:
         dims = torch.Size(size)
         template = spec.build_metadata(
@@ -314,13 +274,16 @@ def sharded_tensor_from_checked_layout(
             built[key] = template
 
     shards, global_size = template.shards_metadata, template.size
-    checked = shards.checked if isinstance(shards, SharedShards) else None
+
+    def copied() -> Any:
+        if isinstance(shards, LazyShards) and not shards.expanded:
+            return LazyShards(shards.runs, shards._exp)
+        checked = shards.checked if isinstance(shards, SharedShards) else None
+        return SharedShards(shards, checked)
 
     class _Built(ShardingSpec):
         def build_metadata(self, tensor_sizes: Any, tensor_properties: Any) -> Any:
-            return ShardedTensorMetadata(
-                SharedShards(shards, checked), global_size, tensor_properties
-            )
+            return ShardedTensorMetadata(copied(), global_size, tensor_properties)
 
         def shard(self, tensor: Any, src_rank: int = 0, process_group: Any = None) -> Any:
             raise NotImplementedError
@@ -363,31 +326,3 @@ def sharded_tensor_from_checked_layout(
     st._prepare_init(process_group=process_group, init_rrefs=False)
     st._post_init()
     return st
-
-
-_opt_lock = threading.Lock()
-_opt_depth = 0
-_opt_original: Any = None
-
-
-@contextlib.contextmanager
-def fused_optimizer_class(cls: type) -> Iterator[None]:
-    """Within the block, ``torchrec.distributed.batched_embedding_kernel.EmbeddingFusedOptimizer``
-    (the name TorchRec's fused kernels construct their optimizers through) is ``cls``, a subclass
-    that behaves as TorchRec's own on any thread but the building one; restored on exit."""
-    global _opt_depth, _opt_original
-    from torchrec.distributed import batched_embedding_kernel as bek
-
-    with _opt_lock:
-        if _opt_depth == 0:
-            _opt_original = bek.EmbeddingFusedOptimizer
-            bek.EmbeddingFusedOptimizer = cls
-        _opt_depth += 1
-    try:
-        yield
-    finally:
-        with _opt_lock:
-            _opt_depth -= 1
-            if _opt_depth == 0:
-                bek.EmbeddingFusedOptimizer = _opt_original
-                _opt_original = None

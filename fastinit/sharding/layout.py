@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ __all__ = [
     "validate_compact",
     "expanded_plan",
     "SharedShards",
+    "LazyShards",
     "Expansions",
     "runs_of",
     "compact_spec",
@@ -349,18 +350,176 @@ class SharedShards(list):
 
 
 class Expansions:
-    """Shared by the specs of one decoded plan: one placement object per placement string and
-    one set of ``ShardMetadata`` per distinct layout."""
+    """Shared by the specs of one decoded plan: one placement object per placement string, one
+    set of ``ShardMetadata`` per distinct layout, and per layout one dict of what was
+    established about it (``facts``)."""
 
     def __init__(self) -> None:
         self.placements: dict[str, Any] = {}
         self.layouts: dict[tuple[ShardRun, ...], SharedShards] = {}
+        self.facts: dict[tuple[ShardRun, ...], dict[Any, Any]] = {}
+        self.items: dict[tuple[ShardRun, ...], dict[int, Any]] = {}
+        self.specs: dict[Any, Any] = {}  # sharding specs shared by layouts (rules.infer_spec)
+
+    def facts_of(self, runs: tuple[ShardRun, ...]) -> dict[Any, Any]:
+        got = self.facts.get(runs)
+        if got is None:
+            got = self.facts[runs] = {}
+        return got
 
     def shards(self, runs: tuple[ShardRun, ...]) -> SharedShards:
         base = self.layouts.get(runs)
         if base is None:
-            base = self.layouts[runs] = SharedShards(_expand(runs, self.placements))
+            built = _expand(runs, self.placements)
+            for i, md in self.items.get(runs, {}).items():
+                built[i] = md  # the shards already handed out one by one
+            base = self.layouts[runs] = SharedShards(built, self.facts_of(runs))
         return SharedShards(base, base.checked)
+
+    def placement(self, text: str) -> Any:
+        got = self.placements.get(text)
+        if got is None:
+            from torch.distributed.remote_device import _remote_device
+
+            got = self.placements[text] = _remote_device(text)
+        return got
+
+    def shard_at(self, runs: tuple[ShardRun, ...], index: int) -> Any:
+        """Shard ``index`` of ``runs`` (the object the expanded list will hold), in O(runs)."""
+        base = self.layouts.get(runs)
+        if base is not None:
+            return base[index]
+        memo = self.items.setdefault(runs, {})
+        got = memo.get(index)
+        if got is None:
+            from torch.distributed._shard.metadata import ShardMetadata
+
+            k = index
+            for run in runs:
+                if k < run.count:
+                    got = object.__new__(ShardMetadata)
+                    got.shard_offsets = run.offsets_at(k)
+                    got.shard_sizes = list(run.sizes)
+                    got.placement = self.placement(run.placement_at(k))
+                    break
+                k -= run.count
+            else:
+                raise IndexError(index)
+            memo[index] = got
+        return got
+
+
+class LazyShards(MutableSequence):
+    """The shard list of a layout given by its runs, built (shared through an
+    :class:`Expansions`) only when something reads more than single shards of it.
+
+    It behaves as the list of its ``ShardMetadata`` (indexing, iteration, equality with a list,
+    mutation), except that it is not a ``list`` instance. ``len`` and single items do not build
+    the list. A copy shares the shards; a deep copy is a new lazy list of its own shards (built
+    from the runs unless this one was built, and so possibly edited); it pickles as a plain list.
+    ``checked`` holds what was established about the layout (shared by every lazy list of these
+    runs in one :class:`Expansions`).
+    """
+
+    __slots__ = ("runs", "checked", "_exp", "_data", "_len")
+
+    def __init__(self, runs: tuple[ShardRun, ...], expansions: Expansions) -> None:
+        self.runs = runs
+        self._exp = expansions
+        self._data: list[Any] | None = None
+        self._len = sum(r.count for r in runs)
+        self.checked = expansions.facts_of(runs)
+
+    @property
+    def data(self) -> list[Any]:
+        d = self._data
+        if d is None:
+            d = self._data = self._exp.shards(self.runs)
+        return d
+
+    @property
+    def expanded(self) -> bool:
+        return self._data is not None
+
+    def __len__(self) -> int:
+        return self._len if self._data is None else len(self._data)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._data is None and isinstance(index, int):
+            n = self._len
+            if index < 0:
+                index += n
+            if not 0 <= index < n:
+                raise IndexError("list index out of range")
+            return self._exp.shard_at(self.runs, index)
+        return self.data[index]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.data[index] = value
+
+    def __delitem__(self, index: Any) -> None:
+        del self.data[index]
+
+    def insert(self, index: int, value: Any) -> None:
+        self.data.insert(index, value)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.data)
+
+    def __reversed__(self) -> Iterator[Any]:
+        return reversed(self.data)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.data
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self.data.sort(*args, **kwargs)
+
+    def copy(self) -> list[Any]:
+        return list(self.data)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyShards):
+            if not self.expanded and not other.expanded and self.runs == other.runs:
+                return True
+            return self.data == other.data
+        if isinstance(other, list):
+            return self.data == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __add__(self, other: Any) -> list[Any]:
+        return self.data + list(other)
+
+    def __radd__(self, other: Any) -> list[Any]:
+        return list(other) + self.data
+
+    def __repr__(self) -> str:
+        return repr(self.data)
+
+    def __copy__(self) -> LazyShards:
+        if self._data is not None:
+            return copy_list(self._data)  # type: ignore[return-value]
+        return LazyShards(self.runs, self._exp)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        if self._data is not None:
+            import copy
+
+            return copy.deepcopy(list(self._data), memo)
+        return LazyShards(self.runs, Expansions())
+
+    def __reduce__(self) -> Any:
+        return (list, (list(self.data),))
+
+
+def copy_list(items: list[Any]) -> list[Any]:
+    return SharedShards(items, items.checked) if isinstance(items, SharedShards) else list(items)
 
 
 def _expand(runs: Iterable[ShardRun], placements: dict[str, Any]) -> list[ShardMetadata]:
@@ -444,7 +603,7 @@ def _make_compact_class() -> type:
                 self.__dict__["_shards"], SharedShards
             ):
                 return base.build_metadata(self, tensor_sizes, tensor_properties)
-            shards = self.shards
+            shards = self.shards if self.expanded else self.lazy_shards()
             key = ("bounds", tuple(tensor_sizes))
             if key not in shards.checked:
                 try:
@@ -455,6 +614,13 @@ def _make_compact_class() -> type:
                     )  # torch's error
                 shards.checked[key] = True
             return ShardedTensorMetadata(shards, tensor_sizes, tensor_properties)
+
+        def lazy_shards(self) -> Any:
+            """The shards as a :class:`LazyShards` (built only where read whole), while
+            ``shards`` has not been built; else ``shards``."""
+            if self.__dict__["_shards"] is not None:
+                return self.__dict__["_shards"]
+            return LazyShards(self.runs, self.__dict__["_exp"])
 
         def _set_shards(self, value: list[ShardMetadata]) -> None:
             self.__dict__["runs"] = runs_of(value)

@@ -16,16 +16,15 @@ Here:
 * A table's global shard metadata is one shared list per table whose deep copy shares its
   (immutable) ``ShardMetadata`` and which remembers what was already checked about it.
 * :func:`fast_sharded_tensor` is ``ShardedTensor._init_from_local_shards_and_global_metadata``
-  with the same checks, in O(shards) rather than O(shards × ranks), and done once per distinct
-  layout rather than per tensor; :func:`construction` routes TorchRec's calls to it on this
-  thread while a fast sharded module is built.
+  with the same checks and result: for a layout given by its runs (:class:`LazyShards`) in
+  O(runs + local shards), the shard list left unbuilt; for a list, in O(shards) rather than
+  O(shards × ranks), once per distinct layout. :mod:`fastinit.sharding.kernels` has TorchRec's
+  kernels and fused optimizer call it (no class or global is patched).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +47,8 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from fastinit.sharding import _torchrec_modules as _trc
-from fastinit.sharding.layout import SharedShards
+from fastinit.sharding import rules
+from fastinit.sharding.layout import LazyShards, SharedShards, validate_runs
 
 __all__ = [
     "FastRwPooledEmbeddingSharding",
@@ -57,13 +57,8 @@ __all__ = [
     "FastDpSequenceEmbeddingSharding",
     "embedding_bag_sharding",
     "embedding_sharding",
-    "construction",
     "fast_sharded_tensor",
 ]
-
-
-_building = threading.local()
-_FAST_OPTIMIZER: Any = None
 
 
 class _PerRank(Sequence[list[GroupedEmbeddingConfig]]):
@@ -108,11 +103,13 @@ def _size(info: EmbeddingShardingInfo) -> torch.Size:
 def _global_metadata(info: EmbeddingShardingInfo, cache: dict[int, Any]) -> ShardedTensorMetadata:
     got = cache.get(id(info))
     if got is None:
-        shards = info.param_sharding.sharding_spec.shards
-        checked = shards.checked if isinstance(shards, SharedShards) else None
-        got = cache[id(info)] = ShardedTensorMetadata(
-            shards_metadata=SharedShards(shards, checked), size=_size(info)
-        )
+        spec = info.param_sharding.sharding_spec
+        lazy = getattr(spec, "lazy_shards", None)
+        shards = lazy() if lazy is not None else spec.shards
+        if not isinstance(shards, LazyShards):
+            checked = shards.checked if isinstance(shards, SharedShards) else None
+            shards = SharedShards(shards, checked)
+        got = cache[id(info)] = ShardedTensorMetadata(shards_metadata=shards, size=_size(info))
     return got
 
 
@@ -394,6 +391,10 @@ def fast_sharded_tensor(
         raise ValueError("shards_metadata must not be empty!")
     pg = _trc.normalize_pg(process_group)
     current = dist.get_rank()
+    if isinstance(shards, LazyShards) and not shards.expanded:
+        out = _on_rule(local_shards, sharded_tensor_metadata, shards, pg, current, sharding_spec)
+        if out is not None:
+            return out
     checked: _Checked | None = None
     if isinstance(shards, SharedShards):
         checked = shards.checked.get("fastinit")
@@ -437,29 +438,63 @@ def fast_sharded_tensor(
     )
 
 
-@contextlib.contextmanager
-def construction() -> Iterator[None]:
-    """While building fast sharded modules on this thread: TorchRec's calls of
-    ``ShardedTensor._init_from_local_shards_and_global_metadata`` go to
-    :func:`fast_sharded_tensor` (other threads keep torch's)."""
-    seen: dict[tuple[Any, ...], _Checked] = {}
+def _group_facts(pg: Any) -> tuple[frozenset[int], int, int] | None:
+    """The group's ranks, smallest and largest (None if this rank is not in it)."""
+    ranks = _group_ranks(pg)
+    return (ranks, min(ranks), max(ranks)) if ranks else None
 
-    def hook(*args: Any, **kwargs: Any) -> Any:
-        return fast_sharded_tensor(*args, seen=seen, **kwargs)
 
-    global _FAST_OPTIMIZER
-    if _FAST_OPTIMIZER is None:
-        _FAST_OPTIMIZER = _make_fast_optimizer_class()
-    previous = getattr(_building, "active", False)
-    _building.active = True
-    try:
-        with (
-            _trc.local_sharded_tensor_from_metadata(hook),
-            _trc.fused_optimizer_class(_FAST_OPTIMIZER),
-        ):
-            yield
-    finally:
-        _building.active = previous
+def _on_rule(
+    local_shards: list[Any],
+    metadata: ShardedTensorMetadata,
+    shards: LazyShards,
+    pg: Any,
+    current: int,
+    sharding_spec: Any,
+) -> Any:
+    """:func:`fast_sharded_tensor` for a layout given by its runs, in O(runs + local shards):
+    torch's checks, spec and metadata computed from the runs (:mod:`fastinit.sharding.rules`)
+    and the shard list left unbuilt. None where the runs do not decide it (the caller checks the
+    built list); ``NotImplemented`` where torch's own must run."""
+    runs = shards.runs
+    facts = shards.checked
+    key = ("group", id(pg))
+    if key not in facts:
+        facts[key] = _group_facts(pg)
+    group = facts[key]
+    if group is not None:
+        bad = rules.ranks_in(runs, *group)
+        if bad is not None:
+            raise ValueError(
+                f"Global rank {bad} does not exist in input process group: {sorted(group[0])}"
+            )
+    n_local = rules.local_count(runs, current)
+    if n_local is None:
+        return NotImplemented
+    if len(local_shards) != n_local:
+        raise RuntimeError(
+            f"Number of local shards ({len(local_shards)}) does not match number of local "
+            f"shards metadata in sharded_tensor_metadata ({n_local}) on rank ({current}) "
+        )
+    size = tuple(metadata.size)
+    if ("bounds", size) not in facts:
+        try:
+            validate_runs(runs, list(size), "shards")
+        except ValueError:
+            return None  # torch's own checks give torch's error
+        facts[("bounds", size)] = True
+    spec = sharding_spec
+    if spec is None:
+        spec = facts.get(("spec", size))
+        if spec is None:
+            spec = rules.infer_spec(shards)
+            if spec is None:
+                return None
+            facts[("spec", size)] = spec
+        held = metadata  # the inferred spec's own metadata has these shards (same values)
+    else:
+        held = None
+    return _trc.sharded_tensor_from_checked_layout(local_shards, metadata, spec, pg, held=held)
 
 
 def is_sharded_tensor(value: Any) -> bool:
@@ -502,13 +537,34 @@ class _StateLayout:
         return self.shards[i]
 
 
+class _RuledStateLayout:
+    """One optimizer state's layout given by runs (:func:`rules.state_shards`): the table shard
+    → state shard correspondence by index, the state's shards built when read."""
+
+    __slots__ = ("table", "runs", "exp", "size")
+
+    def __init__(self, table: LazyShards, runs: Any, size: torch.Size) -> None:
+        from fastinit.sharding.layout import Expansions
+
+        self.table = table
+        self.runs = runs
+        self.exp = Expansions()  # the states' ShardMetadata are their own, as TorchRec's are
+        self.size = size
+
+    def of(self, md: Any) -> Any:
+        i = rules.index_of(self.table, md)
+        if i is None:
+            raise KeyError(md)
+        return self.exp.shard_at(self.runs, i)
+
+
 def _optimizer_state_metadata(
     kind: str,
     table_global_metadata: ShardedTensorMetadata,
     optimizer_state: torch.Tensor,
     sharding_dim: int,
     is_grid_sharded: bool,
-) -> tuple[_StateLayout, ShardedTensorMetadata]:
+) -> tuple[Any, ShardedTensorMetadata]:
     """``EmbeddingFusedOptimizer``'s ``get_optimizer_{single_value,rowwise,pointwise}_shard_
     metadata_and_global_metadata`` (torchrec 1.8.0), computed once per table layout (tables and
     optimizers whose global shard lists share a :class:`SharedShards` layout share the result)
@@ -528,7 +584,28 @@ def _optimizer_state_metadata(
         grid_nodes,
         tuple(table_global_metadata.size),
     )
-    checked = shards.checked if isinstance(shards, SharedShards) else None
+    properties = TensorProperties(
+        dtype=optimizer_state.dtype, layout=optimizer_state.layout, requires_grad=False
+    )
+    if isinstance(shards, LazyShards) and not shards.expanded:
+        ruled = shards.checked.get(key)
+        if ruled is None:
+            got_runs = rules.state_shards(shards, kind, sharding_dim, is_grid_sharded, grid_nodes)
+            if got_runs is not None:
+                runs, first = got_runs
+                size = table_global_metadata.size
+                if kind == "single":
+                    size = torch.Size([first])
+                elif kind == "rowwise":
+                    size = torch.Size([size[0] * first])
+                ruled = shards.checked[key] = _RuledStateLayout(shards, runs, size)
+        if ruled is not None:
+            return ruled, ShardedTensorMetadata(
+                shards_metadata=LazyShards(ruled.runs, ruled.exp),  # type: ignore[arg-type]
+                size=ruled.size,
+                tensor_properties=properties,
+            )
+    checked = shards.checked if isinstance(shards, (SharedShards, LazyShards)) else None
     got: _StateLayout | None = checked.get(key) if checked is not None else None
     if got is None:
         ordered = list(shards)
@@ -559,9 +636,6 @@ def _optimizer_state_metadata(
         got = _StateLayout(ordered, states, size)
         if checked is not None:
             checked[key] = got
-    properties = TensorProperties(
-        dtype=optimizer_state.dtype, layout=optimizer_state.layout, requires_grad=False
-    )
     metadata = ShardedTensorMetadata(
         shards_metadata=SharedShards(got.shards, got.shards.checked),
         size=got.size,
@@ -570,53 +644,30 @@ def _optimizer_state_metadata(
     return got, metadata
 
 
-def _make_fast_optimizer_class() -> type:
-    from torchrec.distributed.batched_embedding_kernel import EmbeddingFusedOptimizer
-
-    class FastEmbeddingFusedOptimizer(EmbeddingFusedOptimizer):
-        """TorchRec's ``EmbeddingFusedOptimizer`` (1.8.0) for ShardedTensor state, with each
-        table's optimizer-state metadata built once per layout (stock: per table and per
-        optimizer, after a deep copy of the table's global metadata)."""
-
-        def __init__(
-            self,
-            config: GroupedEmbeddingConfig,
-            emb_module: Any,
-            pg: Any = None,
-            create_for_table: str | None = None,
-            param_weight_for_table: Any = None,
-            embedding_weights_by_table: list[torch.Tensor] | None = None,
-            all_optimizer_states: list[dict[str, torch.Tensor]] | None = None,
-        ) -> None:
-            if not getattr(_building, "active", False) or any(
-                t.dtensor_metadata for t in config.embedding_tables
-            ):  # another thread, or DTensor state: TorchRec's own
-                super().__init__(
-                    config,
-                    emb_module,
-                    pg,
-                    create_for_table,
-                    param_weight_for_table,
-                    embedding_weights_by_table,
-                    all_optimizer_states,
-                )
-                return
-            _fused_optimizer_init(
-                self,
-                config,
-                emb_module,
-                pg,
-                create_for_table,
-                param_weight_for_table,
-                embedding_weights_by_table,
-                all_optimizer_states,
-            )
-
-    FastEmbeddingFusedOptimizer.__qualname__ = "FastEmbeddingFusedOptimizer"
-    return FastEmbeddingFusedOptimizer
+def _sharded_tensor(local_shards: list[Any], metadata: Any, pg: Any) -> Any:
+    out = fast_sharded_tensor(local_shards, metadata, pg)
+    if out is NotImplemented:
+        out = ShardedTensor._init_from_local_shards_and_global_metadata(
+            local_shards=local_shards, sharded_tensor_metadata=metadata, process_group=pg
+        )
+    return out
 
 
-def _fused_optimizer_init(
+def _own_properties(metadata: Any, copy: Any) -> Any:
+    """What TorchRec's ``copy.deepcopy`` of a table's global metadata is for (tensor properties
+    of its own, which this optimizer sets), without building a rule-given layout's shards: the
+    copy shares them, as a deep copy of a :class:`SharedShards` list does."""
+    shards = metadata.shards_metadata
+    if isinstance(shards, LazyShards) and not shards.expanded:
+        return ShardedTensorMetadata(
+            shards_metadata=LazyShards(shards.runs, shards._exp),  # type: ignore[arg-type]
+            size=metadata.size,
+            tensor_properties=copy.deepcopy(metadata.tensor_properties),
+        )
+    return copy.deepcopy(metadata)
+
+
+def fused_optimizer_init(
     self: Any,
     config: GroupedEmbeddingConfig,
     emb_module: Any,
@@ -626,7 +677,9 @@ def _fused_optimizer_init(
     embedding_weights_by_table: list[torch.Tensor] | None,
     all_optimizer_states: list[dict[str, torch.Tensor]] | None,
 ) -> None:
-    """The body of ``EmbeddingFusedOptimizer.__init__`` (torchrec 1.8.0) without DTensor state."""
+    """The body of ``EmbeddingFusedOptimizer.__init__`` (torchrec 1.8.0) without DTensor state,
+    its ShardedTensors built by :func:`fast_sharded_tensor` and its state metadata by
+    :func:`_optimizer_state_metadata`."""
     import copy
     import itertools
 
@@ -667,7 +720,7 @@ def _fused_optimizer_init(
         if table_config.name in seen:
             continue
         seen.add(table_config.name)
-        global_metadata = copy.deepcopy(table_config.global_metadata)
+        global_metadata = _own_properties(table_config.global_metadata, copy)
         sp = shard_params[table_config.name]
         assert global_metadata is not None
         if create_for_table is None:
@@ -678,11 +731,7 @@ def _fused_optimizer_init(
                 local_weight_shards.append(Shard(local_weight, local_metadata))
                 global_metadata.tensor_properties.dtype = local_weight.dtype
                 global_metadata.tensor_properties.requires_grad = local_weight.requires_grad
-            weight = ShardedTensor._init_from_local_shards_and_global_metadata(
-                local_shards=local_weight_shards,
-                sharded_tensor_metadata=global_metadata,
-                process_group=self._pg,
-            )
+            weight = _sharded_tensor(local_weight_shards, global_metadata, self._pg)
             param_key = table_config.name + ".weight"
         else:
             assert param_weight_for_table is not None, (
@@ -725,11 +774,7 @@ def _fused_optimizer_init(
                 Shard(s[momentum_idx - 1], layout.of(md))
                 for s, md in zip(states, local_mds, strict=False)
             ]
-            return ShardedTensor._init_from_local_shards_and_global_metadata(
-                local_shards=local_shards,
-                sharded_tensor_metadata=metadata,
-                process_group=self._pg,
-            )
+            return _sharded_tensor(local_shards, metadata, self._pg)
 
         num_states = min(len(s) for s in sp["optimizer_states"])
         keys = state_keys[table_config.name] if num_states > 0 else []

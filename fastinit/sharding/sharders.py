@@ -14,7 +14,10 @@ They subclass TorchRec's own sharders (its plug-in mechanism) and its sharded mo
   initialisation (its kernels fill their weights first) runs under
   :func:`fastinit.seeding.scratch_rng`, so building never draws from the global RNG.
 
-Everything else (lookups, input/output dists, fused optimizers, state_dict) is TorchRec's.
+* Their lookups, kernels and fused optimizers are TorchRec's, subclassed to build their
+  ShardedTensors locally (:mod:`fastinit.sharding.kernels`); nothing is patched.
+
+Everything else (input/output dists, state_dict hooks, the optimizers' arithmetic) is TorchRec's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torchrec.modules.embedding_configs import data_type_to_dtype
 
 from fastinit import seeding
 from fastinit.sharding import _torchrec_modules as _trc
+from fastinit.sharding import kernels as _kernels
 from fastinit.sharding import local as _local
 
 __all__ = [
@@ -101,6 +105,14 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
     def _fastinit_configs(self) -> list[Any]:
         return list(self._embedding_bag_configs)
 
+    def _create_lookups(self) -> None:
+        for sharding in self._embedding_shardings:
+            self._lookups.append(_kernels.create_lookup(sharding))
+
+    def _initialize_torch_state(self, skip_registering: bool = False) -> None:
+        # TorchRec's method, its ShardedTensors built locally (no per-shard rank-list scans)
+        _kernels.fast_classes().ebc_initialize_torch_state(self, skip_registering)
+
     def init_data_parallel(self) -> None:
         from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingSharding
 
@@ -123,8 +135,9 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
         fast = _local.embedding_bag_sharding(sharding_infos, env, device, qcomm_codecs_registry)
         if fast is not None:
             return fast
-        return super().create_embedding_bag_sharding(
-            sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+        # TorchRec's, its shardings grouping tables only for the ranks that hold them
+        return _kernels.fast_classes().create_embedding_bag_sharding(
+            cls, sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
         )
 
 
@@ -145,6 +158,14 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         ):
             if isinstance(sharding, DpSequenceEmbeddingSharding):
                 self._lookups[index] = _ddp_without_init_sync(lookup, self._env, self._device)
+
+    def _create_lookups(self) -> None:
+        # TorchRec's method (1.8.0), with fastinit's lookups
+        for sharding in self._sharding_type_to_sharding.values():
+            lookup = _kernels.create_lookup(sharding)
+            if self.enable_embedding_update and sharding.enable_embedding_update:
+                self._updates.append(sharding.create_update(lookup))
+            self._lookups.append(lookup)
 
     def _initialize_torch_state(self, skip_registering: bool = False) -> None:
         building = getattr(self, "_fastinit_building", False)
@@ -170,8 +191,8 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         )
         if fast is not None:
             return fast
-        return super().create_embedding_sharding(
-            sharding_type, sharding_infos, env, device, qcomm_codecs_registry
+        return _kernels.fast_classes().create_embedding_sharding(
+            cls, sharding_type, sharding_infos, env, device, qcomm_codecs_registry
         )
 
 
@@ -184,8 +205,7 @@ def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> An
     sharded._fastinit_fqn = module_fqn or ""
     sharded._fastinit_building = True
     try:
-        # scale: ShardedTensors without O(ranks) work per shard
-        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"), _local.construction():
+        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"):
             sharded.__init__(module_fqn=module_fqn, **kwargs)
     finally:
         sharded._fastinit_building = False

@@ -55,6 +55,9 @@ TORCHREC_VERSION = "1.8.0"
 #   "module:Class@attr"           an instance attribute: some method of the class (or a base) in
 #                                 the module's package stores or loads ``attr``
 #   "module:Callable(param)"      the callable (or class constructor) takes the keyword ``param``
+#   "module:Func>name"            the function (a method, property or classmethod too) reads the
+#                                 global ``name`` of its module (fastinit.sharding.kernels rebinds
+#                                 it in a copy of the function)
 _SETUP: tuple[str, ...] = (
     "torch.distributed._shard.sharded_tensor:"
     "ShardedTensor._init_from_local_shards_and_global_metadata",
@@ -68,6 +71,37 @@ _SETUP: tuple[str, ...] = (
     "torch.distributed._shard.sharding_spec._internals:validate_non_overlapping_shards_metadata",
     "torch.distributed._shard.sharding_spec._internals:check_tensor",
     "torchrec.distributed.batched_embedding_kernel:EmbeddingFusedOptimizer",
+    # TorchRec's code run with fastinit's classes bound in (fastinit/sharding/kernels.py)
+    "torchrec.distributed.embedding_kernel:get_state_dict>ShardedTensor",
+    "torchrec.distributed.batched_embedding_kernel:BaseBatchedEmbeddingBag.state_dict>get_state_dict",
+    "torchrec.distributed.batched_embedding_kernel:BaseBatchedEmbedding.state_dict>get_state_dict",
+    "torchrec.distributed.batched_embedding_kernel:"
+    "BatchedFusedEmbeddingBag.__init__>EmbeddingFusedOptimizer",
+    "torchrec.distributed.batched_embedding_kernel:"
+    "BatchedFusedEmbedding.__init__>EmbeddingFusedOptimizer",
+    "torchrec.distributed.batched_embedding_kernel:"
+    "BatchedFusedEmbeddingBag._param_per_table>_gen_named_parameters_by_table_fused",
+    "torchrec.distributed.batched_embedding_kernel:"
+    "BatchedFusedEmbedding._param_per_table>_gen_named_parameters_by_table_fused",
+    "torchrec.distributed.batched_embedding_kernel:"
+    "_gen_named_parameters_by_table_fused>EmbeddingFusedOptimizer",
+    "torchrec.distributed.embedding_lookup:"
+    "GroupedPooledEmbeddingsLookup._create_embedding_kernel>BatchedFusedEmbeddingBag",
+    "torchrec.distributed.embedding_lookup:"
+    "GroupedPooledEmbeddingsLookup._create_embedding_kernel>BatchedDenseEmbeddingBag",
+    "torchrec.distributed.embedding_lookup:"
+    "GroupedEmbeddingsLookup._create_embedding_kernel>BatchedFusedEmbedding",
+    "torchrec.distributed.embedding_lookup:"
+    "GroupedEmbeddingsLookup._create_embedding_kernel>BatchedDenseEmbedding",
+    "torchrec.distributed.sharding.rw_sharding:RwPooledEmbeddingSharding.create_lookup"
+    ">GroupedPooledEmbeddingsLookup",
+    "torchrec.distributed.sharding.tw_sharding:BaseTwEmbeddingSharding.__init__>group_tables",
+    "torchrec.distributed.embeddingbag:"
+    "ShardedEmbeddingBagCollection._initialize_torch_state>ShardedTensor",
+    "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection._create_lookups",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection._create_lookups",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@_updates",
+    "torchrec.distributed.embedding:ShardedEmbeddingCollection@enable_embedding_update",
     "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection.create_embedding_bag_sharding",
     "torchrec.distributed.embedding:ShardedEmbeddingCollection.create_embedding_sharding",
     "torch.distributed:_broadcast_coalesced",
@@ -269,6 +303,17 @@ def _missing(req: str) -> str | None:
         if target is _NOTHING:
             return f"{module_name}.{target_name}"
         return None if _takes(target, param) else f"{module_name}.{target_name}({param}=...)"
+    if ">" in name:
+        target_name, _, glob = name.partition(">")
+        target = _lookup(module, target_name)
+        if target is _NOTHING:
+            return f"{module_name}.{target_name}"
+        fn = target.fget if isinstance(target, property) else target
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None and glob in code.co_names and glob in getattr(fn, "__globals__", {}):
+            return None
+        return f"{module_name}.{target_name} constructing through {glob}"
     if "@" in name:
         cls_name, _, attr = name.partition("@")
         cls = getattr(module, cls_name, None)

@@ -22,7 +22,7 @@ import hashlib
 import operator
 import struct
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,8 @@ __all__ = [
     "exchange",
     "explicit_seeds",
     "normalize_seed",
+    "Records",
+    "column",
     "replicated_tensors",
     "structure_of",
     "tensor_digests",
@@ -59,6 +61,16 @@ _ERROR_BYTES = 384
 #: version, flags, planner fingerprint, structure digest, plan digest, plan length,
 #: structure length, seed, error class, error length, error text: 541 bytes.
 _RECORD = struct.Struct(f"<BH32s32s32sQQQ{_CLASS_BYTES}sH{_ERROR_BYTES}s")
+#: Where each fixed-size field of a packed record lies: (offset, size, int?).
+_FIELDS = {
+    "flags": (1, 2, True),
+    "fingerprint": (3, 32, False),
+    "structure": (35, 32, False),
+    "plan_digest": (67, 32, False),
+    "plan_len": (99, 8, True),
+    "structure_len": (107, 8, True),
+    "seed": (115, 8, True),
+}
 
 HAS_PLAN = 1 << 0  # holds a plan (explicit, cached or planned here)
 EXPLICIT = 1 << 1  # the plan was passed to setup
@@ -329,11 +341,48 @@ def _copy_bytes_into(t: torch.Tensor, data: torch.Tensor) -> None:
 # -- 1. the record exchange --------------------------------------------------------------------
 
 
-def exchange(channel: Channel, mine: Record, structure: bytes) -> list[Record]:
+class Records(Sequence[Record]):
+    """Every rank's record, kept as the bytes received and unpacked when read: at 8,192 ranks,
+    no 8,192 long-lived objects for the garbage collector to trace."""
+
+    def __init__(self, data: Sequence[bytes]) -> None:
+        self._data = data
+        for d in data:  # every record's version, checked once
+            if d[0] != RECORD_VERSION:
+                Record.unpack(d)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [Record.unpack(d) for d in self._data[index]]
+        return Record.unpack(self._data[index])
+
+    def __iter__(self) -> Iterator[Record]:
+        return (Record.unpack(d) for d in self._data)
+
+    def column(self, field: str) -> list[Any]:
+        """Field ``field`` of every rank's record, read from the bytes (no record built)."""
+        start, size, is_int = _FIELDS[field]
+        end = start + size
+        if is_int:
+            return [int.from_bytes(d[start:end], "little") for d in self._data]
+        return [d[start:end] for d in self._data]
+
+
+def column(records: Sequence[Record], field: str) -> list[Any]:
+    """Field ``field`` of every record, by rank."""
+    if isinstance(records, Records):
+        return records.column(field)
+    return [getattr(rec, field) for rec in records]
+
+
+def exchange(channel: Channel, mine: Record, structure: bytes) -> Records:
     """One ``all_gather`` of the records, then :func:`check_records` (raises on every rank)."""
     with trace.span("fastinit.exchange"):
         data = channel.all_gather_bytes(mine.pack(), Record.SIZE, "start-up record all_gather")
-        records = [Record.unpack(d) for d in data]
+        records = Records(data)
     check_records(records, channel, structure)
     return records
 
@@ -366,7 +415,8 @@ def check_records(
     (naming the first differing parameter or buffer; this gathers the ranks' structure lists,
     one extra collective on this error path only), different planner inputs.
     """
-    failed = [(r, rec) for r, rec in enumerate(records) if rec.flags & FAILED]
+    flags = column(records, "flags")
+    failed = [(r, records[r]) for r, f in enumerate(flags) if f & FAILED]
     if failed:
         by_text: dict[str, list[int]] = {}
         for r, rec in failed:
@@ -374,44 +424,46 @@ def check_records(
         lines = "; ".join(f"ranks {ranks}: {text}" for text, ranks in by_text.items())
         cls = _error_class(rec.error_class for _, rec in failed)
         raise cls(f"fastinit.setup failed on {len(failed)} rank(s): {lines}")
-    init = [bool(rec.flags & INIT_PARAMETERS) for rec in records]
+    init = [bool(f & INIT_PARAMETERS) for f in flags]
     if len(set(init)) > 1:
         ranks = [r for r, v in enumerate(init) if v]
         raise StartupMismatchError(
             f"init_parameters=True on ranks {ranks} only; pass the same value on every rank"
         )
-    explicit = [bool(rec.flags & EXPLICIT) for rec in records]
+    explicit = [bool(f & EXPLICIT) for f in flags]
     if any(explicit) and not all(explicit):
         ranks = [r for r, e in enumerate(explicit) if e]
         raise StartupMismatchError(
             f"an explicit plan was passed on ranks {ranks} only; pass it on every rank or none"
         )
     if all(explicit):
-        digests = [rec.plan_digest for rec in records]
+        digests = column(records, "plan_digest")
         if len(set(digests)) > 1:
             raise StartupMismatchError(
                 "ranks were given different explicit plans: " + _group_ranks(digests)
             )
-    structures = [rec.structure for rec in records]
+    structures = column(records, "structure")
     if len(set(structures)) > 1:
         first = ""
         if channel is not None:
-            size = max(rec.structure_len for rec in records)
-            lists = channel.all_gather_bytes(structure, size, "structure all_gather (error path)")
-            first = _first_difference([s[: rec.structure_len] for s, rec in zip(lists, records)])
+            lengths = column(records, "structure_len")
+            lists = channel.all_gather_bytes(
+                structure, max(lengths), "structure all_gather (error path)"
+            )
+            first = _first_difference([s[:n] for s, n in zip(lists, lengths, strict=True)])
         raise StartupMismatchError(
             "the model differs across ranks (parameter and buffer names, shapes, dtypes): "
             + _group_ranks(structures)
             + (f". First difference: {first}" if first else "")
             + ". Every rank must build the same model."
         )
-    fps = [rec.fingerprint for rec in records]
+    fps = column(records, "fingerprint")
     if len(set(fps)) > 1:
         raise StartupMismatchError(
             "planner inputs differ across ranks (module tables, sharders, topology, constraints "
             "or planner settings): " + _group_ranks(fps) + ". Every rank must build the same model."
         )
-    if not any(rec.flags & HAS_PLAN for rec in records):
+    if not any(f & HAS_PLAN for f in flags):
         raise StartupError("no rank holds a plan after planning (internal error)")
 
 
@@ -437,15 +489,15 @@ def _first_difference(lists: Sequence[bytes]) -> str:
 
 def explicit_seeds(records: Sequence[Record]) -> list[int]:
     """Every rank's seed, by rank, when any rank passed ``seed=``; else empty."""
-    if any(rec.flags & SEED_GIVEN for rec in records):
-        return [rec.seed for rec in records]
+    if any(f & SEED_GIVEN for f in column(records, "flags")):
+        return column(records, "seed")
     return []
 
 
 def agreed_seed(records: Sequence[Record]) -> int:
     """Rank 0's seed, which every rank uses; warns when explicit seeds differ across ranks."""
-    seeds = [rec.seed for rec in records]
-    given = [bool(rec.flags & SEED_GIVEN) for rec in records]
+    seeds = column(records, "seed")
+    given = [bool(f & SEED_GIVEN) for f in column(records, "flags")]
     if any(given) and len(set(seeds)) > 1:
         groups: dict[int, list[int]] = {}
         for r, s in enumerate(seeds):
@@ -468,9 +520,9 @@ def agree_on_plan(
 ) -> ShardingPlan | None:
     """The plan every rank uses: None when every rank already holds the same one (keep yours),
     else the plan of the first rank holding one, in one broadcast checked against its digest."""
-    holders = [r for r, rec in enumerate(records) if rec.flags & HAS_PLAN]
+    holders = [r for r, f in enumerate(column(records, "flags")) if f & HAS_PLAN]
     src = holders[0]
-    if len(holders) == len(records) and len({records[r].plan_digest for r in holders}) == 1:
+    if len(holders) == len(records) and len(set(column(records, "plan_digest"))) == 1:
         return None
     from fastinit.sharding.codec import decode_plan
 

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -365,11 +365,11 @@ def _explicit_plan_fingerprint(
     if device.type not in ("cpu", "cuda", "mtia"):
         return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()
     from torchrec.distributed.comm import get_local_size
-    from torchrec.distributed.planner import Topology
 
-    from fastinit.sharding.fingerprint import planner_fingerprint
+    from fastinit.sharding.fingerprint import DefaultTopology, planner_fingerprint
 
-    topology = Topology(
+    # TorchRec's default topology, by its arguments (not its O(ranks) device list)
+    topology = DefaultTopology(
         world_size=env.world_size,
         local_world_size=get_local_size(env.world_size),
         compute_device=device.type,
@@ -464,7 +464,7 @@ def _encode(plan: ShardingPlan) -> bytes:
 # -- phases 2 and 3: the exchange and the plan --------------------------------------------------
 
 
-def _exchange(channel: protocol.Channel, local: _Local) -> list[Record]:
+def _exchange(channel: protocol.Channel, local: _Local) -> protocol.Records:
     try:
         return protocol.exchange(channel, local.record, local.structure)
     except StartupError as e:
@@ -473,7 +473,9 @@ def _exchange(channel: protocol.Channel, local: _Local) -> list[Record]:
         raise
 
 
-def _agree_on_plan(channel: protocol.Channel, records: list[Record], local: _Local) -> ShardingPlan:
+def _agree_on_plan(
+    channel: protocol.Channel, records: Sequence[Record], local: _Local
+) -> ShardingPlan:
     received = protocol.agree_on_plan(channel, records, local.encoded)
     plan = received if received is not None else local.plan
     assert plan is not None
@@ -568,7 +570,7 @@ def _set_collective_validation(enabled: bool) -> None:
     _trc.set_collective_validation(enabled)
 
 
-def _adopt_rank0_settings(records: list[Record], sharders: list[Any]) -> int:
+def _adopt_rank0_settings(records: Sequence[Record], sharders: list[Any]) -> int:
     """Rank 0's seed (returned, and given to the sharders) and collective-validation setting,
     from the records: what stock would broadcast, already known."""
     seed = protocol.agreed_seed(records)
@@ -599,7 +601,7 @@ def _plan_source(record: Record) -> str:
 
 def _log_summary(
     channel: protocol.Channel,
-    records: list[Record],
+    records: Sequence[Record],
     local: _Local,
     started: float,
     differed: list[str],

@@ -603,3 +603,29 @@ def test_replica_bytes_pack_and_unpack_any_layout() -> None:
         protocol._copy_bytes_into(t, flat[offset : offset + n])
         offset += n
     assert all(torch.equal(a, b) for a, b in zip(tensors, targets, strict=True))
+
+
+def test_record_columns_are_read_from_the_packed_bytes() -> None:
+    import random
+
+    from fastinit import protocol
+
+    rng = random.Random(5)
+    records = [
+        protocol.Record(
+            flags=rng.randrange(1 << 16),
+            fingerprint=rng.randbytes(32),
+            structure=rng.randbytes(32),
+            plan_digest=rng.randbytes(32),
+            plan_len=rng.randrange(1 << 40),
+            structure_len=rng.randrange(1 << 20),
+            seed=rng.randrange(1 << 63),
+            error="x" * rng.randrange(10),
+        )
+        for _ in range(7)
+    ]
+    table = protocol.Records([r.pack() for r in records])
+    assert len(table) == 7 and table[3] == records[3] and list(table) == records
+    for field in protocol._FIELDS:
+        assert table.column(field) == [getattr(r, field) for r in records], field
+        assert protocol.column(records, field) == table.column(field)

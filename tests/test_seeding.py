@@ -270,7 +270,57 @@ def _class_state() -> dict[str, dict[str, Any]]:
             k: (id(v), type(inspect.getattr_static(cls, k)).__name__) for k, v in vars(cls).items()
         }
     out["init"] = {k: id(v) for k, v in vars(torch.nn.init).items() if callable(v)}
+    import importlib
+
+    for name in _WATCHED_MODULES:  # the names TorchRec's own code constructs through
+        module = importlib.import_module(name)
+        out[name] = {k: id(v) for k, v in vars(module).items() if not k.startswith("__")}
     return out
+
+
+_WATCHED_MODULES = (
+    "torch.distributed._shard.sharded_tensor.api",
+    "torchrec.distributed.batched_embedding_kernel",
+    "torchrec.distributed.embedding_kernel",
+    "torchrec.distributed.embedding_lookup",
+    "torchrec.distributed.embedding_sharding",
+    "torchrec.distributed.embedding",
+    "torchrec.distributed.embeddingbag",
+    "torchrec.distributed.sharding.tw_sharding",
+    "torchrec.distributed.sharding.rw_sharding",
+    "torchrec.distributed.sharding.cw_sharding",
+    "torchrec.distributed.sharding.twrw_sharding",
+    "torchrec.distributed.sharding.grid_sharding",
+)
+
+
+class _Watcher:
+    """Samples :func:`_class_state` on another thread while setup runs: a class or module
+    global swapped even briefly (and restored) shows up as a differing sample."""
+
+    def __init__(self, before: dict[str, Any]) -> None:
+        import threading
+
+        self.before = before
+        self.samples = 0
+        self.changed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = _class_state()
+            self.samples += 1
+            self.changed += [k for k in self.before if now.get(k) != self.before[k]]
+            self._stop.wait(0.001)
+
+    def __enter__(self) -> _Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _plan_types(model: Any, world: int, shift: int) -> dict[str, str]:
@@ -348,9 +398,10 @@ def _seeded_ranks(world: int) -> dict[str, Any]:
     before = _class_state()
     modes = list(_get_current_dispatch_mode_stack())  # the harness's tracer, if any
     out: dict[str, Any] = {}
-    with _GlobalDrawer() as drawer:
+    with _GlobalDrawer() as drawer, _Watcher(before) as watcher:
         out["busy"] = _pieces(_build(seed=21, world=world, shift=0))
     out["draws"] = drawer.draws
+    out["watched"] = (watcher.samples, sorted(set(watcher.changed)))
     if world > 1:
         dist.barrier()
         state = torch.get_rng_state()
@@ -405,6 +456,8 @@ def test_tables_are_plan_invariant_and_replicas_agree() -> None:
     for results in (one, four):
         for r in results:
             assert r["classes_unchanged"], "a torch/TorchRec class was changed by setup"
+            samples, changed = r["watched"]
+            assert samples > 10 and not changed, f"changed while setup ran: {changed}"
             assert r["no_mode_left"]
             assert r["draws"] > 0
     assert all(r["rng_unchanged"] for r in four), "setup drew from or reseeded the global RNG"

@@ -33,13 +33,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINGERPRINT_VERSION",
+    "DefaultTopology",
     "planner_fingerprint",
     "planner_inputs",
     "uncacheable_reason",
 ]
 
 #: Bumped whenever what the fingerprint covers changes, so old cache entries stop matching.
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 
 # Table config fields that only decide initial values, never the plan.
 _INIT_ONLY_FIELDS = frozenset({"init_fn", "weight_init_max", "weight_init_min"})
@@ -125,18 +126,33 @@ def _is_topology(value: Any) -> bool:
     return isinstance(value, Topology)
 
 
-def _topology_doc(topology: Topology) -> dict[str, Any]:
-    from fastinit.sharding._torchrec import topology_custom_data
+@dataclasses.dataclass(frozen=True)
+class DefaultTopology:
+    """TorchRec's ``Topology(world_size=..., local_world_size=..., compute_device=...)`` with
+    every other argument at its default, described by these arguments (with the TorchRec
+    version the fingerprint records, they determine it) without building its per-rank device
+    list."""
 
-    return {
-        "class": _qualname(topology),
-        "world_size": topology.world_size,
-        "local_world_size": topology.local_world_size,
-        "intra_group_size": topology.intra_group_size,
-        "compute_device": topology.compute_device,
-        "devices": [
+    world_size: int
+    local_world_size: int
+    compute_device: str
+
+
+def _device_runs(devices: Sequence[Any]) -> list[dict[str, Any]]:
+    """The devices as runs of consecutive ranks with the same memory and perf (a uniform
+    topology is one run at any world size)."""
+    runs: list[dict[str, Any]] = []
+    last: tuple[Any, ...] | None = None
+    for d in devices:
+        key = (d.storage.hbm, d.storage.ddr, d.storage.ssd, d.perf)
+        if last is not None and key == last[0] and d.rank == last[1] + 1:
+            runs[-1]["count"] += 1
+            last = (key, d.rank)
+            continue
+        runs.append(
             {
                 "rank": d.rank,
+                "count": 1,
                 "hbm": d.storage.hbm,
                 "ddr": d.storage.ddr,
                 "ssd": d.storage.ssd,
@@ -147,8 +163,24 @@ def _topology_doc(topology: Topology) -> dict[str, Any]:
                     _canon(d.perf.bwd_comms),
                 ],
             }
-            for d in topology.devices
-        ],
+        )
+        last = (key, d.rank)
+    return runs
+
+
+def _topology_doc(topology: Topology | DefaultTopology) -> dict[str, Any]:
+    from fastinit.sharding._torchrec import topology_custom_data
+
+    if isinstance(topology, DefaultTopology):
+        return {"default_topology": dataclasses.asdict(topology)}
+
+    return {
+        "class": _qualname(topology),
+        "world_size": topology.world_size,
+        "local_world_size": topology.local_world_size,
+        "intra_group_size": topology.intra_group_size,
+        "compute_device": topology.compute_device,
+        "devices": _device_runs(topology.devices),
         "hbm_mem_bw": _canon(topology.hbm_mem_bw),
         "ddr_mem_bw": _canon(topology.ddr_mem_bw),
         "ssd_mem_bw": _canon(topology.ssd_mem_bw),
@@ -257,7 +289,7 @@ def _versions() -> dict[str, str | None]:
 def planner_inputs(
     module: nn.Module,
     sharders: Sequence[ModuleSharder[Any]],
-    topology: Topology,
+    topology: Topology | DefaultTopology,
     *,
     constraints: Mapping[str, ParameterConstraints] | None = None,
     planner: ShardingPlanner | None = None,
@@ -289,7 +321,7 @@ def planner_inputs(
 def planner_fingerprint(
     module: nn.Module,
     sharders: Sequence[ModuleSharder[Any]],
-    topology: Topology,
+    topology: Topology | DefaultTopology,
     *,
     constraints: Mapping[str, ParameterConstraints] | None = None,
     planner: ShardingPlanner | None = None,
@@ -308,7 +340,8 @@ def planner_fingerprint(
     Args:
         module: the unsharded model (parameters may be on "meta").
         sharders: the sharders the plan is made for.
-        topology: the planner's topology.
+        topology: the planner's topology, or a :class:`DefaultTopology` (TorchRec's default
+            topology of those arguments).
         constraints: per-table constraints; default: the planner's.
         planner: the planner that would plan; None means TorchRec's default
             ``EmbeddingShardingPlanner(topology, constraints=constraints)``.

@@ -203,7 +203,10 @@ def fast_group_tables(tables_per_rank: list[list[Any]]) -> list[list[Any]]:
 
     held = [r for r, tables in enumerate(tables_per_rank) if tables]
     grouped = group_tables([tables_per_rank[r] for r in held])
-    out: list[list[Any]] = [[] for _ in tables_per_rank]
+    # A rank without tables gets the (empty) list it came with rather than a new one: at 8,192
+    # ranks that is 8,192 fewer objects per sharding for the garbage collector to trace; TorchRec
+    # changes neither list after grouping.
+    out = list(tables_per_rank)
     for r, groups in zip(held, grouped, strict=True):
         out[r] = groups
     return out

@@ -24,6 +24,7 @@ Here:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -336,10 +337,20 @@ class _Checked:
         self.keep = keep  # the shard list whose placements the layout key names by identity
 
 
+_GROUP_RANKS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+
+
 def _group_ranks(pg: Any) -> frozenset[int] | None:
+    """The group's global ranks as a set, once per group (a group's ranks never change)."""
     if _trc.rank_not_in_group(pg):
         return None
-    return frozenset(dist.get_process_group_ranks(pg))
+    try:
+        got = _GROUP_RANKS.get(pg)
+    except TypeError:  # not weakly referenceable
+        return frozenset(dist.get_process_group_ranks(pg))
+    if got is None:
+        got = _GROUP_RANKS[pg] = frozenset(dist.get_process_group_ranks(pg))
+    return got
 
 
 def _count_local(shards: Sequence[Any], pg: Any, current: int) -> int | None:

@@ -150,7 +150,9 @@ def _planned_ancestor(path: str, planned: set[str]) -> str | None:
 
 
 def _check_ranks(where: str, ranks: Any, world_size: int | None) -> None:
-    if world_size is None or ranks is None:
+    if world_size is None or not ranks:
+        return
+    if min(ranks) >= 0 and max(ranks) < world_size:  # O(n) in C: row-wise tables list every rank
         return
     bad = [r for r in ranks if not 0 <= r < world_size]
     if bad:

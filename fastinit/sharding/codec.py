@@ -384,6 +384,9 @@ class _Decoder:
         self.reg = _registry()
         self.version = version
         self.expansions: Any = None  # placement and ShardMetadata objects shared by the specs
+        # A range's int objects, shared by the lists it decodes to (each list its own): the
+        # ``ranks`` of every row-wise table list every rank.
+        self.ranges: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
     def value(self, obj: Any, where: str) -> Any:
         if obj is None or isinstance(obj, bool | int | str):
@@ -439,7 +442,11 @@ class _Decoder:
         n = len(range(start, stop, step))
         if n < 4 or n > _MAX_EXPANSION or start + n * step != stop:
             raise _fail(where, f"$range {args} is not canonical (4 to {_MAX_EXPANSION} items)")
-        return list(range(start, stop, step))
+        key = (start, stop, step)
+        items = self.ranges.get(key)
+        if items is None:
+            items = self.ranges[key] = tuple(range(start, stop, step))
+        return list(items)
 
     def spec(self, fields: Any, where: str) -> Any:
         from fastinit.sharding import layout

@@ -1,6 +1,7 @@
 """Per-rank start-up work from 64 to 8,192 ranks: stock TorchRec against fastinit.
 
-    python -m benchmarks.scale [--ranks 64,256,1024,4096,8192] [--stock-max 1024] [--quick]
+    python -m benchmarks.scale [--ranks 64,256,1024,4096,8192] [--stock-max 1024] [--repeats 3]
+                               [--quick]
 
 One process is one rank (the last of N) on torch's fake process-group backend; each world size
 and mode runs in its own process. The rank receives the plan as bytes, as a real receiving rank
@@ -63,6 +64,9 @@ class ScaleConfig:
     """World sizes."""
     stock_max: int = 1024
     """Largest world size stock is run at (its O(shards × ranks) checks take minutes beyond)."""
+    repeats: int = 3
+    """fastinit measurements per point, each in a fresh process; the median is reported (when
+    the garbage collector runs a full collection is one source of their spread)."""
     local_world_size: int = 8
     """Ranks per host."""
     timeout_s: float = 1500.0
@@ -161,6 +165,18 @@ def measure_rank(
     plan = decode_plan(data)
     decode_s = time.perf_counter() - t0
     device = torch.device("cpu")
+    import gc
+
+    collecting = [0.0, 0.0, 0]  # start, total seconds, full collections
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting[0] = time.perf_counter()
+        else:
+            collecting[1] += time.perf_counter() - collecting[0]
+            collecting[2] += info["generation"] == 2
+
+    gc.callbacks.append(on_gc)
     if mode == "fastinit":
         import fastinit
 
@@ -180,7 +196,10 @@ def measure_rank(
         t = time.perf_counter()
         DistributedModelParallel(module, device=device, plan=plan, sharders=_sharders())
         setup_s = time.perf_counter() - t
+    gc.callbacks.remove(on_gc)
     return {
+        "gc_s": collecting[1],
+        "gc_full": collecting[2],
         "world_size": n,
         "mode": mode,
         "setup_s": setup_s,
@@ -247,20 +266,32 @@ def run(config: ScaleConfig) -> dict[str, Any]:
                 jobs += [("fastinit", True, same), ("stock", True, rows)]
             for mode, ebc_only, into in jobs:
                 path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
-                got = _in_subprocess(
-                    "measure_rank",
-                    (config.model, n, local, mode, path, ebc_only),
-                    config.timeout_s,
-                )
+                samples = []
+                for _ in range(max(1, config.repeats) if mode == "fastinit" else 1):
+                    got = _in_subprocess(
+                        "measure_rank",
+                        (config.model, n, local, mode, path, ebc_only),
+                        config.timeout_s,
+                    )
+                    if "error" in got:
+                        break
+                    samples.append(got)
+                if samples and "error" not in got:
+                    samples.sort(key=lambda r: r["setup_s"])
+                    got = dict(samples[len(samples) // 2])  # the median run
+                    got["samples_s"] = [r["setup_s"] for r in samples]
+                    got["samples_gc_s"] = [r["gc_s"] for r in samples]
                 if "error" in got:
                     errors.append({"world_size": n, "mode": mode, "error": got["error"]})
                     print(f"{n:>6} {mode:<8} failed: {got['error']}", flush=True)
                     continue
                 into.append(got)
                 part = "EBC part" if ebc_only else "whole model"
+                spread = "/".join(f"{x:.2f}" for x in got["samples_s"])
                 print(
-                    f"{n:>6} {mode:<8} {part:<11} setup {got['setup_s']:7.2f} s  "
-                    f"peak RSS {got['peak_rss_mb']:7.0f} MB  plan {got['plan_bytes']:>9} B",
+                    f"{n:>6} {mode:<8} {part:<11} setup {got['setup_s']:7.2f} s ({spread}; "
+                    f"GC {got['gc_s']:.2f} s)  peak RSS {got['peak_rss_mb']:7.0f} MB  "
+                    f"plan {got['plan_bytes']:>9} B",
                     flush=True,
                 )
     fast = [(r["world_size"], r["setup_s"]) for r in rows if r["mode"] == "fastinit"]
@@ -274,7 +305,8 @@ def run(config: ScaleConfig) -> dict[str, Any]:
         "exponent_512_8192": fit_exponent(fast, 512, 8192),
         "exponent_64_8192": fit_exponent(fast, 64, 8192),
         "notes": (
-            "fake process-group backend, rank N-1 of N, one process per (N, mode); stock rows are "
+            "fake process-group backend, rank N-1 of N, one process per (N, mode) and run; "
+            f"fastinit: the median of {config.repeats} runs; stock rows are "
             "the model's EmbeddingBagCollection part (stock cannot build an EmbeddingCollection "
             "on the fake backend), fastinit rows the whole model; same_as_stock: fastinit on "
             "the EBC part. Machine: " + _machine()
@@ -309,9 +341,9 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"## Per-rank setup at scale ({result['model']} model, {result['plan']} plan)\n",
         result["notes"] + "\n",
-        "| ranks | fastinit s | fastinit peak RSS MB | plan bytes | fastinit (EBC part) s "
-        "| stock (EBC part) s | stock peak RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| ranks | fastinit s | fastinit runs s | of which GC s | fastinit peak RSS MB "
+        "| plan bytes | fastinit (EBC part) s | stock (EBC part) s | stock peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
@@ -319,8 +351,11 @@ def format_table(result: dict[str, Any]) -> str:
 
     for n in sorted(by):
         f, s, e = by[n].get("fastinit"), by[n].get("stock"), by[n].get("same")
+        runs = "/".join(f"{x:.2f}" for x in f.get("samples_s", [])) if f else "—"
+        gcs = "/".join(f"{x:.2f}" for x in f.get("samples_gc_s", [])) if f else "—"
         lines.append(
-            f"| {n} | {cell(f, 'setup_s', '.2f')} | {cell(f, 'peak_rss_mb', '.0f')} "
+            f"| {n} | {cell(f, 'setup_s', '.2f')} | {runs or '—'} | {gcs or '—'} "
+            f"| {cell(f, 'peak_rss_mb', '.0f')} "
             f"| {cell(f, 'plan_bytes', 'd')} | {cell(e, 'setup_s', '.2f')} "
             f"| {cell(s, 'setup_s', '.2f')} | {cell(s, 'peak_rss_mb', '.0f')} |"
         )
@@ -370,6 +405,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)))
     parser.add_argument("--stock-max", type=int, default=1024)
     parser.add_argument("--out", default="benchmarks/results/scale")
+    parser.add_argument("--repeats", type=int, default=3, help="fastinit runs per point")
     parser.add_argument("--quick", action="store_true", help="small model, 16 and 64 ranks")
     args = parser.parse_args(argv)
     config = ScaleConfig(
@@ -378,6 +414,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ranks=(16, 64) if args.quick else tuple(int(x) for x in args.ranks.split(",")),
         stock_max=args.stock_max,
         out=args.out,
+        repeats=1 if args.quick else args.repeats,
     )
     result = run(config)
     print(format_table(result))

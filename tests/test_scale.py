@@ -333,13 +333,15 @@ def test_fit_exponent_and_table() -> None:
             "model": "m",
             "plan": "p",
             "notes": "n",
-            "details": [dict(row, plan_bytes=10)],
+            "details": [
+                dict(row, plan_bytes=10, samples_s=[0.9, 1.0, 1.2], samples_gc_s=[0, 0, 0.2])
+            ],
             "same_as_stock": [],
             "errors": [],
             "exponent_512_8192": None,
         }
     )
-    assert "| 64 | 1.00 | 300 | 10 |" in text
+    assert "| 64 | 1.00 | 0.90/1.00/1.20 | 0.00/0.00/0.20 | 300 | 10 |" in text
 
 
 @pytest.mark.slow

@@ -194,6 +194,38 @@ def fast_classes() -> types.SimpleNamespace:
     )
 
 
+class _SharedEmpty(list):
+    """The one empty list every rank without tables (or features) is given: at 8,192 ranks a
+    sharding otherwise keeps 8,192 empty lists alive, which at that count push the garbage
+    collector into full collections of the whole heap. Equal to ``[]``; changing it raises,
+    so the sharing can never be observed."""
+
+    __slots__ = ()
+
+    def _frozen(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            "fastinit: this empty per-rank list is shared by every rank without tables; "
+            "build a new list instead of changing it"
+        )
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _frozen
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _frozen
+
+    def __reduce__(self) -> Any:
+        return (list, ())
+
+
+EMPTY: list[Any] = _SharedEmpty()
+
+
+def _share_empties(per_rank: list[Any]) -> list[Any]:
+    """``per_rank`` with each empty list replaced, in place, by :data:`EMPTY`."""
+    for r, items in enumerate(per_rank):
+        if not items and type(items) is list:
+            per_rank[r] = EMPTY
+    return per_rank
+
+
 def fast_group_tables(tables_per_rank: list[list[Any]]) -> list[list[Any]]:
     """TorchRec's ``group_tables``, grouping only the ranks that hold tables (the groups of a
     rank without tables are ``[]``, as TorchRec's are): the same result, in O(tables + ranks)
@@ -203,10 +235,9 @@ def fast_group_tables(tables_per_rank: list[list[Any]]) -> list[list[Any]]:
 
     held = [r for r, tables in enumerate(tables_per_rank) if tables]
     grouped = group_tables([tables_per_rank[r] for r in held])
-    # A rank without tables gets the (empty) list it came with rather than a new one: at 8,192
-    # ranks that is 8,192 fewer objects per sharding for the garbage collector to trace; TorchRec
-    # changes neither list after grouping.
-    out = list(tables_per_rank)
+    # A rank without tables gets the shared empty list, in the sharding's per-rank tables too
+    # (the list the caller passed, changed in place): TorchRec changes neither after grouping.
+    out = list(_share_empties(tables_per_rank))
     for r, groups in zip(held, grouped, strict=True):
         out[r] = groups
     return out
@@ -230,11 +261,18 @@ def fast_sharding_class(cls: Any) -> Any:
         (base,),
         {"__init__": rebound(init, group_tables=fast_group_tables)},
     )
-    return type(
-        f"Fast{cls.__name__}",
-        (cls, fast_init),
-        {"__doc__": f"TorchRec's ``{cls.__name__}``, grouping tables only where ranks hold them."},
-    )
+    body: dict[str, Any] = {
+        "__doc__": f"TorchRec's ``{cls.__name__}``, grouping tables only where ranks hold them."
+    }
+    stock_dims = getattr(cls, "_emb_dim_per_rank_per_feature", None)
+    if callable(stock_dims):
+
+        def _emb_dim_per_rank_per_feature(self: Any) -> Any:
+            # TorchRec's per-rank feature dims, ranks without features sharing one empty list
+            return _share_empties(stock_dims(self))
+
+        body["_emb_dim_per_rank_per_feature"] = _emb_dim_per_rank_per_feature
+    return type(f"Fast{cls.__name__}", (cls, fast_init), body)
 
 
 def _sharding_factory(func: Any) -> Any:

@@ -671,7 +671,8 @@ def format_projection(p: dict[str, Any]) -> str:
         + f" → k = {p['planning_fit']['fastinit']['k']:.2f}); a plan-cache hit removes it. "
         "fastinit local work: `fastinit.setup` as the last rank of N on the fake backend ("
         + ", ".join(
-            f"{r['n']}: {r['setup_s']:.2f} s (decode {r['decode_s'] * 1e3:.0f} ms)"
+            f"{r['n']}: {r['setup_s']:.2f} s"
+            + ("" if r["decode_s"] != r["decode_s"] else f" (decode {r['decode_s'] * 1e3:.0f} ms)")
             for r in p["fake_backend"]
         )
         + f" → k = {p['fake_fit']['k']:.2f}).\n",

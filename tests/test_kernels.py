@@ -3,10 +3,7 @@ patched; the fast sharding classes equal TorchRec's."""
 
 from __future__ import annotations
 
-import json
 import pickle
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -14,6 +11,7 @@ import pytest
 
 from fastinit.errors import CompatibilityError
 from fastinit.sharding import kernels
+from fastinit.testing.dist import run_script
 
 
 def _reads_helper() -> str:
@@ -187,15 +185,6 @@ _FAKE = textwrap.dedent(
 
 
 def test_fast_shardings_of_every_other_type_equal_torchrecs_on_the_fake_backend() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _FAKE, "16", "13", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    checked = json.loads(lines[-1][2:])
+    checked = run_script(_FAKE, 16, 13, 4)
     for kind in ("table_wise", "column_wise", "table_row_wise", "grid_shard"):
         assert kind in checked, checked

@@ -7,8 +7,6 @@ import copy
 import json
 import pickle
 import struct
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
@@ -303,17 +301,10 @@ _FAKE = textwrap.dedent(
 
 
 def test_fast_shardings_and_sharded_tensors_equal_stock_on_the_fake_backend() -> None:
+    from fastinit.testing.dist import run_script
+
     for n, rank in [(8, 5), (13, 12)]:
-        proc = subprocess.run(
-            [sys.executable, "-c", _FAKE, str(n), str(rank)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
-        assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-        assert json.loads(lines[0][2:])["checked"] == 3
+        assert run_script(_FAKE, n, rank)["checked"] == 3
 
 
 # ---- the benchmark ----------------------------------------------------------------------------

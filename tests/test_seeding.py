@@ -150,26 +150,39 @@ def _materialized(seed: int, with_first: bool = True) -> dict[str, torch.Tensor]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-class _GlobalDrawer:
-    """A thread that draws from the global RNG until stopped, as a data pipeline would."""
+class _Background:
+    """A thread running ``_step`` until the ``with`` block ends."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self.draws = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _step(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            torch.rand(64)
-            self.draws += 1
+            self._step()
 
-    def __enter__(self) -> _GlobalDrawer:
+    def __enter__(self) -> Any:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
+
+
+class _GlobalDrawer(_Background):
+    """A thread that draws from the global RNG until stopped, as a data pipeline would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draws = 0
+
+    def _step(self) -> None:
+        torch.rand(64)
+        self.draws += 1
 
 
 def test_materialize_dense_uses_explicit_generators(caplog: pytest.LogCaptureFixture) -> None:
@@ -294,33 +307,21 @@ _WATCHED_MODULES = (
 )
 
 
-class _Watcher:
+class _Watcher(_Background):
     """Samples :func:`_class_state` on another thread while setup runs: a class or module
     global swapped even briefly (and restored) shows up as a differing sample."""
 
     def __init__(self, before: dict[str, Any]) -> None:
-        import threading
-
+        super().__init__()
         self.before = before
         self.samples = 0
         self.changed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now = _class_state()
-            self.samples += 1
-            self.changed += [k for k in self.before if now.get(k) != self.before[k]]
-            self._stop.wait(0.001)
-
-    def __enter__(self) -> _Watcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+    def _step(self) -> None:
+        now = _class_state()
+        self.samples += 1
+        self.changed += [k for k in self.before if now.get(k) != self.before[k]]
+        self.stop.wait(0.001)
 
 
 def _plan_types(model: Any, world: int, shift: int) -> dict[str, str]:

@@ -389,3 +389,24 @@ def on_ranks(
         return wrapper
 
     return decorate
+
+
+def run_script(code: str, *args: object, timeout: float = 300) -> Any:
+    """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``) and return the JSON
+    value of its last stdout line starting ``@@`` — for one rank on the fake backend, which
+    initialises the default process group of its own process. Raises ``AssertionError`` with
+    the end of stderr when the script fails or prints no result."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][2:])

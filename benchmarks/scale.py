@@ -1,7 +1,7 @@
 """Per-rank start-up work from 64 to 8,192 ranks: stock TorchRec against fastinit.
 
     python -m benchmarks.scale [--ranks 64,256,1024,4096,8192] [--stock-max 1024] [--repeats 3]
-                               [--quick]
+                               [--quick] [--profile N]
 
 One process is one rank (the last of N) on torch's fake process-group backend; each world size
 and mode runs in its own process. The rank receives the plan as bytes, as a real receiving rank
@@ -398,6 +398,33 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def profile(model: str, plan: str, n: int, local: int, top: int = 25) -> str:
+    """cProfile of ``fastinit.setup`` as rank ``n - 1`` of ``n`` (imports done first, outside
+    the profile); the ``top`` functions by own time, then fastinit's phases by total time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torchrec.distributed.model_parallel  # noqa: F401
+
+    import benchmarks.trainer  # noqa: F401  (imports outside the profile)
+    import fastinit.sharding.kernels  # noqa: F401
+
+    with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:
+        path = os.path.join(tmp, "plan.bin")
+        write_plan(model, plan, n, local, False, path)
+        prof = cProfile.Profile()
+        prof.enable()
+        got = measure_rank(model, n, local, "fastinit", path, False)
+        prof.disable()
+    out = io.StringIO()
+    out.write(f"setup {got['setup_s']:.2f} s under cProfile, {got['gc_full']} full GC\n")
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(r"fastinit/startup\.py", 12)
+    return out.getvalue()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="medium")
@@ -407,7 +434,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="benchmarks/results/scale")
     parser.add_argument("--repeats", type=int, default=3, help="fastinit runs per point")
     parser.add_argument("--quick", action="store_true", help="small model, 16 and 64 ranks")
+    parser.add_argument(
+        "--profile", type=int, default=None, metavar="N", help="cProfile setup at N ranks only"
+    )
     args = parser.parse_args(argv)
+    if args.profile is not None:
+        print(profile(args.model, args.plan, args.profile, min(8, args.profile)))
+        return {}
     config = ScaleConfig(
         model="small" if args.quick else args.model,
         plan=args.plan,

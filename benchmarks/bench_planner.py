@@ -360,9 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         return sweep(tables, world_sizes, args)
 
-    import torch
-    import torchrec
-
     rows = []
     for t in tables:
         for w in world_sizes:
@@ -423,15 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['tables']} | {r['world_size']} | {stock_cell} | {fast_cell} | {speed} "
             f"| {r['num_proposals']} | {ident} |"
         )
-    env = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchrec": getattr(torchrec, "__version__", "unknown"),
-        "cpus": os.cpu_count(),
-        "loadavg_at_end": os.getloadavg(),
-        "device": args.device,
-        "stock_cap_s": args.stock_cap,
-    }
+    env = {**_environment(args), "stock_cap_s": args.stock_cap}
     md = (
         f"# Cold planning time, stock vs FastPlanner ({args.device} topology, "
         f"local world size {args.local_world_size})\n\n"

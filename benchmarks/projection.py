@@ -64,8 +64,6 @@ import json
 import math
 import os
 import pickle
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -325,14 +323,11 @@ def measure_planning(model: str, n: int, which: str) -> float:
 
 
 def _mixed_plan(module: Any, n: int, local: int) -> Any:
+    """``make scale``'s 4-layout plan (``benchmarks.scale``, "mixed4") for ``n`` ranks."""
+    from benchmarks.scale import plan_types
     from fastinit.testing.models import build_plan
 
-    return build_plan(
-        module,
-        ["table_wise", "row_wise", "column_wise", "data_parallel"],
-        world_size=n,
-        local_world_size=local,
-    )
+    return build_plan(module, plan_types(module, "mixed4"), world_size=n, local_world_size=local)
 
 
 def plan_sizes(model: str, n: int) -> dict[str, int]:
@@ -347,63 +342,30 @@ def plan_sizes(model: str, n: int) -> dict[str, int]:
 
 
 def fake_rank_setup(model: str, n: int) -> dict[str, float]:
-    """``fastinit.setup`` as rank n-1 of n on the fake backend (run in a fresh process)."""
-    import logging
+    """``fastinit.setup`` as rank n-1 of n on the fake backend, as ``make scale`` measures it
+    (run in a fresh process)."""
+    import tempfile
 
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed import fake_pg
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from benchmarks.scale import measure_rank, write_plan
 
-    import fastinit
-    from benchmarks.trainer import _sharders, model_spec
-    from fastinit.sharding.codec import decode_plan, encode_plan
-    from fastinit.testing.models import build_model
-
-    logging.disable(logging.WARNING)
     local = min(8, n)
-    os.environ.update(
-        {"LOCAL_WORLD_SIZE": str(local), "LOCAL_RANK": str((n - 1) % local), "RANK": str(n - 1)}
-    )
-    # TorchRec skips building the sharded modules' state (the ShardedTensors and their metadata:
-    # the part that could be O(tables x ranks)) when the backend is called "fake"; the same fake
-    # process group under another name makes it build them.
-    if "fakestate" not in dist.Backend.backend_list:
-        dist.Backend.register_backend(
-            "fakestate", fake_pg._create_fake_pg, extended_api=True, devices=["cpu"]
-        )
-    dist.init_process_group("fakestate", store=FakeStore(), rank=n - 1, world_size=n)
-    module = build_model(model_spec(model), device="meta")
-    t = time.perf_counter()
-    plan = _mixed_plan(module, n, local)
-    build_s = time.perf_counter() - t
-    data = encode_plan(plan)
-    t = time.perf_counter()
-    decoded = decode_plan(data)
-    decode_s = time.perf_counter() - t
-    t = time.perf_counter()
-    fastinit.setup(module, device=torch.device("cpu"), plan=decoded, sharders=_sharders(), seed=0)
-    setup_s = time.perf_counter() - t
-    return {"n": n, "plan_build_s": build_s, "decode_s": decode_s, "setup_s": setup_s}
+    with tempfile.TemporaryDirectory(prefix="fastinit-projection-") as tmp:
+        path = os.path.join(tmp, "plan.bin")
+        write_plan(model, "mixed4", n, local, False, path)
+        got = measure_rank(model, n, local, "fastinit", path, False)
+    return {"n": n, "decode_s": got["decode_s"], "setup_s": got["setup_s"]}
 
 
 def _in_subprocess(fn: str, *args: str, timeout: float = 900) -> Any:
-    code = (
-        "import json, sys; from benchmarks import projection as p; "
-        f"print('@@' + json.dumps(p.{fn}(*json.loads(sys.argv[1]))))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(list(args))],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    from fastinit.testing.dist import call_fresh
+
+    return call_fresh(
+        "benchmarks.projection",
+        fn,
+        args,
+        timeout,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@"):
-            return json.loads(line[2:])
-    raise RuntimeError(f"{fn}{args} failed:\n{proc.stderr[-3000:]}")
 
 
 # -- the projection ----------------------------------------------------------------------------
@@ -495,7 +457,7 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
     fits = {k: fit_power(list(v), list(v.values())) for k, v in planning.items()}
     if scale is not None and "fastinit" in scale:
         fake = [
-            {"n": n, "setup_s": t, "decode_s": float("nan"), "plan_build_s": float("nan")}
+            {"n": n, "setup_s": t, "decode_s": float("nan")}
             for n, t in sorted(scale["fastinit"].items())
         ]
     else:

@@ -27,12 +27,12 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["ScaleConfig", "measure_rank", "fit_exponent", "run", "format_table", "main"]
 
@@ -211,26 +211,13 @@ def measure_rank(
 
 
 def _in_subprocess(fn: str, args: Sequence[Any], timeout: float) -> Any:
-    code = (
-        "import json, sys; from benchmarks import scale as s; "
-        f"print('@@' + json.dumps(s.{fn}(*json.loads(sys.argv[1]))))"
-    )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """``benchmarks.scale.<fn>(*args)`` in a fresh process; ``{"error": ...}`` if it fails."""
+    from fastinit.testing.dist import FreshProcessError, call_fresh
+
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(list(args))],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            cwd=root,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@"):
-            return json.loads(line[2:])
-    return {"error": proc.stderr.strip().splitlines()[-1:] or ["no output"]}
+        return call_fresh("benchmarks.scale", fn, args, timeout, cwd=ROOT)
+    except FreshProcessError as e:
+        return {"error": str(e).splitlines()[-1:]}
 
 
 def fit_exponent(points: Sequence[tuple[float, float]], lo: float, hi: float) -> float | None:

@@ -86,26 +86,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 def _in_subprocess_measure(model: str, kind: str, n: int) -> dict[str, Any]:
-    import subprocess
-    import sys
+    from fastinit.testing.dist import FreshProcessError, call_fresh
 
-    code = (
-        "import json, sys; from benchmarks import scale_plan as s; "
-        "print('@@' + json.dumps(s.measure(*json.loads(sys.argv[1]))))"
-    )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps([model, kind, n])],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-        cwd=root,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@"):
-            return json.loads(line[2:])  # type: ignore[no-any-return]
-    return {"world_size": n, "plan": kind, "error": proc.stderr[-2000:]}
+    try:
+        return call_fresh(  # type: ignore[no-any-return]
+            "benchmarks.scale_plan", "measure", [model, kind, n], 1800, cwd=root
+        )
+    except FreshProcessError as e:
+        return {"world_size": n, "plan": kind, "error": str(e)[-2000:]}
 
 
 if __name__ == "__main__":

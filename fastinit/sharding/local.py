@@ -136,31 +136,18 @@ def _rw_tables(
             )
         local = global_metadata.shards_metadata[rank]
         tables.append(
-            ShardedEmbeddingTable(
-                num_embeddings=config.num_embeddings,
-                embedding_dim=config.embedding_dim,
-                name=config.name,
-                embedding_names=config.embedding_names,
-                data_type=config.data_type,
-                feature_names=config.feature_names,
-                pooling=config.pooling,
-                is_weighted=config.is_weighted,
-                has_feature_processor=config.has_feature_processor,
+            _table(
+                info,
                 local_rows=local.shard_sizes[0],
                 local_cols=config.embedding_dim,
-                compute_kernel=EmbeddingComputeKernel(info.param_sharding.compute_kernel),
                 local_metadata=local,
                 global_metadata=global_metadata,
                 dtensor_metadata=dtensor_metadata,
-                weight_init_max=config.weight_init_max,
-                weight_init_min=config.weight_init_min,
-                fused_params=info.fused_params,
                 num_embeddings_post_pruning=config.num_embeddings_post_pruning,
                 total_num_buckets=config.total_num_buckets,
                 use_virtual_table=config.use_virtual_table,
                 virtual_table_eviction_policy=config.virtual_table_eviction_policy,
                 enable_embedding_update=config.enable_embedding_update,
-                stash_weights=config.stash_weights,
             )
         )
     return tables
@@ -168,32 +155,39 @@ def _rw_tables(
 
 def _dp_tables(infos: list[EmbeddingShardingInfo]) -> list[ShardedEmbeddingTable]:
     """``BaseDpEmbeddingSharding._shard(infos)[rank]`` (the same for every rank)."""
-    tables = []
-    for info in infos:
-        config = info.embedding_config
-        tables.append(
-            ShardedEmbeddingTable(
-                num_embeddings=config.num_embeddings,
-                embedding_dim=config.embedding_dim,
-                name=config.name,
-                embedding_names=config.embedding_names,
-                data_type=config.data_type,
-                feature_names=config.feature_names,
-                pooling=config.pooling,
-                is_weighted=config.is_weighted,
-                has_feature_processor=config.has_feature_processor,
-                local_rows=info.param.size(0),
-                local_cols=info.param.size(1),
-                compute_kernel=EmbeddingComputeKernel(info.param_sharding.compute_kernel),
-                local_metadata=None,
-                global_metadata=None,
-                weight_init_max=config.weight_init_max,
-                weight_init_min=config.weight_init_min,
-                fused_params=info.fused_params,
-                stash_weights=config.stash_weights,
-            )
+    return [
+        _table(
+            info,
+            local_rows=info.param.size(0),
+            local_cols=info.param.size(1),
+            local_metadata=None,
+            global_metadata=None,
         )
-    return tables
+        for info in infos
+    ]
+
+
+def _table(info: EmbeddingShardingInfo, **fields: Any) -> ShardedEmbeddingTable:
+    """The ``ShardedEmbeddingTable`` fields TorchRec's row-wise and data-parallel ``_shard``
+    both set from the table config, plus ``fields`` (those that differ between them)."""
+    config = info.embedding_config
+    return ShardedEmbeddingTable(
+        num_embeddings=config.num_embeddings,
+        embedding_dim=config.embedding_dim,
+        name=config.name,
+        embedding_names=config.embedding_names,
+        data_type=config.data_type,
+        feature_names=config.feature_names,
+        pooling=config.pooling,
+        is_weighted=config.is_weighted,
+        has_feature_processor=config.has_feature_processor,
+        compute_kernel=EmbeddingComputeKernel(info.param_sharding.compute_kernel),
+        weight_init_max=config.weight_init_max,
+        weight_init_min=config.weight_init_min,
+        fused_params=info.fused_params,
+        stash_weights=config.stash_weights,
+        **fields,
+    )
 
 
 class _OwnRankRw:

@@ -25,9 +25,11 @@ import dataclasses
 import faulthandler
 import functools
 import importlib
+import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -391,22 +393,51 @@ def on_ranks(
     return decorate
 
 
+class FreshProcessError(RuntimeError):
+    """A function run by :func:`call_fresh` failed, printed no result or timed out."""
+
+
+def call_fresh(
+    module: str, fn: str, args: Sequence[Any] = (), timeout: float = 300, cwd: str | None = None
+) -> Any:
+    """``module.fn(*args)`` in a fresh interpreter, its JSON-able result returned (for a
+    measurement that must not share a process, or one rank on the fake backend, which
+    initialises the default process group of its own process).
+
+    Raises:
+        FreshProcessError: with the end of its stderr when it fails, prints no result or runs
+            past ``timeout`` seconds.
+    """
+    code = (
+        f"import json, sys; from {module} import {fn} as f; "
+        "print('@@' + json.dumps(f(*json.loads(sys.argv[1]))))"
+    )
+    return _fresh(code, [json.dumps(list(args))], timeout, cwd, f"{module}.{fn}{tuple(args)}")
+
+
+def _fresh(code: str, argv: Sequence[str], timeout: float, cwd: str | None, what: str) -> Any:
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=cwd,
+        )
+    except subprocess.TimeoutExpired:
+        raise FreshProcessError(f"{what}: timed out after {timeout:.0f} s") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
+    if proc.returncode != 0 or not lines:
+        raise FreshProcessError(f"{what} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][2:])
+
+
 def run_script(code: str, *args: object, timeout: float = 300) -> Any:
     """Run ``code`` in a fresh interpreter (``sys.argv[1:]`` = ``args``) and return the JSON
-    value of its last stdout line starting ``@@`` — for one rank on the fake backend, which
-    initialises the default process group of its own process. Raises ``AssertionError`` with
-    the end of stderr when the script fails or prints no result."""
-    import json
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][2:])
+    value of its last stdout line starting ``@@``. Raises ``AssertionError`` with the end of
+    stderr when the script fails or prints no result (for tests)."""
+    try:
+        return _fresh(code, [str(a) for a in args], timeout, None, "script")
+    except FreshProcessError as e:
+        raise AssertionError(str(e)) from None

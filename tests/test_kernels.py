@@ -31,6 +31,57 @@ def test_rebound_copies_the_function_and_changes_nothing() -> None:
         kernels.rebound(_reads_helper, not_read=1)
 
 
+def test_torchrecs_shardings_lookups_and_kernels_build_the_fast_classes() -> None:
+    from torchrec.distributed.embedding_lookup import (
+        GroupedEmbeddingsLookup,
+        GroupedPooledEmbeddingsLookup,
+    )
+    from torchrec.distributed.sharding import (
+        cw_sequence_sharding,
+        cw_sharding,
+        dp_sequence_sharding,
+        dp_sharding,
+        grid_sharding,
+        rw_sequence_sharding,
+        rw_sharding,
+        tw_sequence_sharding,
+        tw_sharding,
+        twrw_sharding,
+    )
+
+    fast = kernels.fast_classes()
+    for cls in (
+        tw_sharding.TwPooledEmbeddingSharding,
+        rw_sharding.RwPooledEmbeddingSharding,
+        cw_sharding.CwPooledEmbeddingSharding,
+        dp_sharding.DpPooledEmbeddingSharding,
+        twrw_sharding.TwRwPooledEmbeddingSharding,
+        grid_sharding.GridPooledEmbeddingSharding,
+        tw_sequence_sharding.TwSequenceEmbeddingSharding,
+        rw_sequence_sharding.RwSequenceEmbeddingSharding,
+        cw_sequence_sharding.CwSequenceEmbeddingSharding,
+        dp_sequence_sharding.DpSequenceEmbeddingSharding,
+    ):
+        create = kernels._create_lookup_of(cls)
+        assert create is not None, cls  # the sharding's create_lookup builds a fast lookup
+        bound = {n: create.__globals__.get(n) for n in kernels._LOOKUP_NAMES}
+        assert any(v in fast.lookups.values() for v in bound.values()), cls
+    for stock, names in (
+        (GroupedPooledEmbeddingsLookup, ("BatchedFusedEmbeddingBag", "BatchedDenseEmbeddingBag")),
+        (GroupedEmbeddingsLookup, ("BatchedFusedEmbedding", "BatchedDenseEmbedding")),
+    ):
+        lookup = fast.lookups[stock.__name__]
+        assert issubclass(lookup, stock)
+        for name in names:
+            kernel = lookup._create_embedding_kernel.__globals__[name]
+            assert kernel is fast.kernels[name] and kernel.__name__ == f"Fast{name}"
+    fused = fast.kernels["BatchedFusedEmbeddingBag"]
+    assert fused.__init__.__globals__["EmbeddingFusedOptimizer"] is fast.optimizer
+    assert fused.state_dict.__globals__["get_state_dict"].__globals__["ShardedTensor"] is (
+        fast.sharded_tensor
+    )
+
+
 def test_the_shared_empty_list_is_empty_and_cannot_be_changed() -> None:
     empty = kernels.EMPTY
     assert empty == [] and isinstance(empty, list) and not empty and len(empty) == 0

@@ -158,6 +158,9 @@ def test_optimizer_state_layouts_are_torchrecs(
         # equivalence tests) against the rule path
         want_layout, want = _optimizer_state_metadata(kind, table, state, sharding_dim, is_grid)
         got_layout, got = _optimizer_state_metadata(kind, lazy_table, state, sharding_dim, is_grid)
+        # the rule path, not the per-shard one the lazy list could fall back to
+        assert type(got_layout).__name__ == "_RuledStateLayout", (name, kind, sharding_dim)
+        assert isinstance(got.shards_metadata, LazyShards) and not got.shards_metadata.expanded
         assert got.size == want.size and got.tensor_properties == want.tensor_properties
         assert list(got.shards_metadata) == list(want.shards_metadata), (name, sharding_dim)
         for md in shards:

@@ -137,12 +137,10 @@ def ec_initialize_torch_state(
         stock(skip_registering)
     from torch.distributed._shard.sharded_tensor import ShardedTensor, TensorProperties
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-
-    from fastinit.sharding.kernels import fast_classes
-
-    sharded_tensor = fast_classes().sharded_tensor._init_from_local_shards_and_global_metadata
     from torchrec.distributed.types import ShardingEnv2D
     from torchrec.modules.embedding_configs import data_type_to_dtype
+
+    from fastinit.sharding.local import sharded_tensor
 
     m: Any = module
     plan = m.module_sharding_plan

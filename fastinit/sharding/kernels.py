@@ -74,16 +74,13 @@ def _local_sharded_tensor() -> type:
 
     from fastinit.sharding import local
 
-    def init(*args: Any, **kwargs: Any) -> Any:
-        out = local.fast_sharded_tensor(*args, **kwargs)
-        if out is NotImplemented:  # RPC references or worker-named placements: torch's own
-            out = ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)
-        return out
-
     return _StandIn(
         "ShardedTensor",
         (),
-        {"_real": ShardedTensor, "_init_from_local_shards_and_global_metadata": staticmethod(init)},
+        {
+            "_real": ShardedTensor,
+            "_init_from_local_shards_and_global_metadata": staticmethod(local.sharded_tensor),
+        },
     )
 
 

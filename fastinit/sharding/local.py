@@ -323,12 +323,11 @@ class _Checked:
     """What was established about one shard list (one layout): per (group, rank), the number
     of this rank's shards; per size, the inferred spec, after the overlap and bounds checks."""
 
-    __slots__ = ("local", "specs", "keep")
+    __slots__ = ("local", "specs")
 
-    def __init__(self, keep: Any = None) -> None:
+    def __init__(self) -> None:
         self.local: dict[tuple[int, int], int] = {}
         self.specs: dict[Any, Any] = {}
-        self.keep = keep  # the shard list whose placements the layout key names by identity
 
 
 _GROUP_RANKS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
@@ -368,22 +367,12 @@ def _count_local(shards: Sequence[Any], pg: Any, current: int) -> int | None:
     return n
 
 
-def _layout_key(shards: Sequence[Any]) -> tuple[Any, ...]:
-    # Placements by identity (TorchRec's optimizer reuses the table's placement objects); the
-    # list is kept alive by the record, so no identity is reused while the key exists.
-    return tuple(
-        (tuple(md.shard_offsets), tuple(md.shard_sizes), id(md.placement)) for md in shards
-    )
-
-
 def fast_sharded_tensor(
     local_shards: list[Any],
     sharded_tensor_metadata: ShardedTensorMetadata,
     process_group: Any = None,
     init_rrefs: bool = False,
     sharding_spec: Any = None,
-    *,
-    seen: dict[tuple[Any, ...], _Checked] | None = None,
 ) -> Any:
     """``ShardedTensor._init_from_local_shards_and_global_metadata`` with the same checks and
     result; the per-shard placement check uses a set of the group's ranks, and the layout checks
@@ -400,16 +389,13 @@ def fast_sharded_tensor(
         out = _on_rule(local_shards, sharded_tensor_metadata, shards, pg, current, sharding_spec)
         if out is not None:
             return out
+    # What was established about a layout shared by tables is kept with it (a plan's layouts:
+    # SharedShards, or a LazyShards whose list was built); a plain list is checked per call.
     checked: _Checked | None = None
-    if isinstance(shards, SharedShards):
+    if isinstance(shards, SharedShards | LazyShards):
         checked = shards.checked.get("fastinit")
         if checked is None:
             checked = shards.checked["fastinit"] = _Checked()
-    elif seen is not None and len(shards) > 8:
-        key = _layout_key(shards)
-        checked = seen.get(key)
-        if checked is None:
-            checked = seen[key] = _Checked(shards)
     key_pg = (id(pg), current)
     n_local = checked.local.get(key_pg) if checked is not None else None
     if n_local is None:
@@ -428,7 +414,9 @@ def fast_sharded_tensor(
     cached_spec = checked.specs.get(size_key) if checked is not None else None
     if cached_spec is None:
         # A compact spec's layout was checked on its runs (overlap and bounds) for this size.
-        on_rule = isinstance(shards, SharedShards) and ("bounds", size_key) in shards.checked
+        on_rule = (
+            isinstance(shards, SharedShards | LazyShards) and ("bounds", size_key) in shards.checked
+        )
         inferred = _trc.validate_layout(shards, list(size_key), checks=not on_rule)
         if checked is not None:
             checked.specs[size_key] = inferred
@@ -500,10 +488,6 @@ def _on_rule(
     else:
         held = None
     return _trc.sharded_tensor_from_checked_layout(local_shards, metadata, spec, pg, held=held)
-
-
-def is_sharded_tensor(value: Any) -> bool:
-    return isinstance(value, ShardedTensor)
 
 
 # ---- the fused optimizer's state metadata, once per layout -------------------------------------
@@ -649,12 +633,13 @@ def _optimizer_state_metadata(
     return got, metadata
 
 
-def _sharded_tensor(local_shards: list[Any], metadata: Any, pg: Any) -> Any:
-    out = fast_sharded_tensor(local_shards, metadata, pg)
+def sharded_tensor(*args: Any, **kwargs: Any) -> Any:
+    """``ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)``:
+    :func:`fast_sharded_tensor`, or torch's own where that declines (RPC references,
+    worker-named placements)."""
+    out = fast_sharded_tensor(*args, **kwargs)
     if out is NotImplemented:
-        out = ShardedTensor._init_from_local_shards_and_global_metadata(
-            local_shards=local_shards, sharded_tensor_metadata=metadata, process_group=pg
-        )
+        out = ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)
     return out
 
 
@@ -736,7 +721,7 @@ def fused_optimizer_init(
                 local_weight_shards.append(Shard(local_weight, local_metadata))
                 global_metadata.tensor_properties.dtype = local_weight.dtype
                 global_metadata.tensor_properties.requires_grad = local_weight.requires_grad
-            weight = _sharded_tensor(local_weight_shards, global_metadata, self._pg)
+            weight = sharded_tensor(local_weight_shards, global_metadata, self._pg)
             param_key = table_config.name + ".weight"
         else:
             assert param_weight_for_table is not None, (
@@ -779,7 +764,7 @@ def fused_optimizer_init(
                 Shard(s[momentum_idx - 1], layout.of(md))
                 for s, md in zip(states, local_mds, strict=False)
             ]
-            return _sharded_tensor(local_shards, metadata, self._pg)
+            return sharded_tensor(local_shards, metadata, self._pg)
 
         num_states = min(len(s) for s in sp["optimizer_states"])
         keys = state_keys[table_config.name] if num_states > 0 else []

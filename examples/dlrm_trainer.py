@@ -104,7 +104,10 @@ class Trainer:
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            if device.type == "cuda":  # torch 2.15's nccl backend needs each rank's device here
+                dist.init_process_group("nccl", device_id=device)
+            else:
+                dist.init_process_group("gloo")
 
     def preproc_creation(self) -> Any:
         """The data pipeline: TorchRec's RandomRecDataset, its features in the pipeline's order."""

@@ -267,10 +267,26 @@ def _ensure_process_group(device: torch.device) -> dist.ProcessGroup:
         )
     backend = "nccl" if device.type == "cuda" else "gloo"
     logger.debug("fastinit.setup: no process group; creating a world of one (%s)", backend)
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(
+        backend,
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        device_id=_cuda_device_id(device),
+    )
     pg = dist.GroupMember.WORLD
     assert pg is not None
     return pg
+
+
+def _cuda_device_id(device: torch.device) -> torch.device | None:
+    """The device ``init_process_group`` binds an NCCL group to (torch 2.15's ``nccl`` backend,
+    nccl2, needs it): ``device`` with its index, else the current CUDA device; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    if device.index is not None:
+        return device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _make_env(pg: dist.ProcessGroup, device: torch.device) -> ShardingEnv:

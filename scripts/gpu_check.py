@@ -2,7 +2,8 @@
 
 Checks, in order (each prints PASS/FAIL with its time; the exit status is the number of FAILs):
 
-1. ``init_process_group("nccl")`` with one rank; start-up messages choose CUDA for that group.
+1. ``init_process_group("nccl", device_id=...)`` with one rank; start-up messages choose CUDA
+   for that group.
 2. Every start-up message kind (record all_gather, plan broadcast, digest all_reduce, tensor
    broadcast) through NCCL with CUDA tensors, the CUDA current device set on the issuing thread,
    counted at the dispatcher.
@@ -85,10 +86,11 @@ def _init(backend: str) -> Any:
     os.environ.setdefault("WORLD_SIZE", "1")
     if dist.is_initialized():
         dist.destroy_process_group()
-    kwargs: dict[str, Any] = {}
-    if backend == "nccl":
-        kwargs["device_id"] = torch.device("cuda", 0)
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    # torch 2.15's nccl backend (nccl2) needs the rank's device at init, mixed backends included.
+    device_id = torch.device("cuda", 0) if "nccl" in backend else None
+    dist.init_process_group(
+        backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id
+    )
     return dist.group.WORLD
 
 

@@ -116,6 +116,15 @@ def _fn_ref(fn: Callable[..., Any]) -> tuple[str, str]:
     return module, fn.__qualname__
 
 
+def _device_id(job: _Job) -> Any:
+    """This rank's CUDA device for an NCCL group (torch 2.15's ``nccl`` needs it); else None."""
+    if "nccl" not in job.backend:
+        return None
+    import torch
+
+    return torch.device("cuda", job.rank % job.local_world_size)
+
+
 def _child(job: _Job, conn: Connection) -> None:
     log = open(job.log_path, "w", buffering=1)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)
@@ -158,6 +167,7 @@ def _child(job: _Job, conn: Connection) -> None:
                 rank=job.rank,
                 world_size=job.world_size,
                 timeout=timeout,
+                device_id=_device_id(job),
             )
         try:
             result.value = fn(*job.args, **job.kwargs)

@@ -35,8 +35,13 @@ available; nothing on CPU).
 
 Example (a torchrun trainer; the process group is created by a stage)::
 
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     graph = StageGraph()
-    graph.add("process_group_init", lambda: dist.init_process_group("nccl"), collective=True)
+    graph.add(
+        "process_group_init",
+        lambda: dist.init_process_group("nccl", device_id=device),  # torch 2.15's nccl needs it
+        collective=True,
+    )
     graph.add("preproc_creation", make_dataloader)
     graph.add("train_module_creation", shard, after=("process_group_init",), collective=True)
     graph.add("get_first_batch_data", next, deps=("preproc_creation",))

@@ -4,6 +4,7 @@
 
     fastinit plan my_trainer:build_model --world-size 2 --local-world-size 2 --cache plans/
     fastinit report traces/ --out traces/report
+    fastinit checkpoint interval --blocking-s 2.5 --mtbf-h 7.9
 
 ``fastinit plan`` builds the model from a factory, runs the planner the job would run (fastinit's
 ``FastPlanner`` for the job's topology, or the planner a factory returns), and stores the plan in
@@ -13,6 +14,9 @@ whose inputs differ logs which one (the key is never bent: a different input is 
 
 ``fastinit report`` turns the ``trace-rank<N>.jsonl`` files a job wrote with ``FASTINIT_TRACE_DIR``
 into a timeline picture, a per-stage table and a Perfetto trace (:func:`fastinit.report.render`).
+
+``fastinit checkpoint interval`` gives the checkpoint interval minimising the work failures lose
+plus the time checkpoints block the loop (:mod:`fastinit.checkpoint.interval`).
 
 The command configures logging for the ``fastinit`` logger only; nothing here touches the root
 logger, so importing this module from a trainer changes nothing.
@@ -417,6 +421,31 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- checkpoint -----------------------------------------------------------------------------------
+
+
+def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
+    from fastinit.checkpoint.interval import choose_interval, format_choice
+
+    try:
+        choice = choose_interval(
+            args.blocking_s, args.mtbf_h * 3600.0, loop_s=args.loop_s, step_s=args.step_s
+        )
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    if args.json:
+        out = dataclasses.asdict(choice)
+        out.update(
+            overhead_s=choice.overhead_s,
+            overhead_pct=choice.overhead_pct,
+            interval_steps=choice.interval_steps,
+        )
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_choice(choice))
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
@@ -470,6 +499,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--out", help="output directory (default: TRACE_DIR/report)")
     r.add_argument("--title", help="title of the picture and the table")
     r.set_defaults(run=_cmd_report)
+
+    c = sub.add_parser("checkpoint", help="checkpoint tools: the checkpoint interval")
+    csub = c.add_subparsers(dest="checkpoint_command", required=True, metavar="SUBCOMMAND")
+    ci = csub.add_parser(
+        "interval",
+        help="the checkpoint interval minimising unsaved work plus blocking (Young)",
+        description="The interval minimising the work failures lose (failures x interval / 2) "
+        "plus the time checkpoints block the loop (loop / interval x blocking): "
+        "I* = sqrt(2 x blocking x MTBF), with the costs at I* and Daly's higher-order estimate.",
+    )
+    ci.add_argument("--blocking-s", type=float, required=True,
+                    help="seconds one checkpoint blocks the training loop (measured)")  # fmt: skip
+    ci.add_argument("--mtbf-h", type=float, required=True,
+                    help="the job's mean time between failures, hours")  # fmt: skip
+    ci.add_argument("--loop-s", type=float, default=86_400.0,
+                    help="training-loop seconds to total the costs over (default: a day)")  # fmt: skip
+    ci.add_argument("--step-s", type=float, default=None,
+                    help="seconds per training step: the interval in steps too")  # fmt: skip
+    ci.add_argument("--json", action="store_true", help="print the result as JSON")
+    ci.set_defaults(run=_cmd_checkpoint_interval)
     return parser
 
 

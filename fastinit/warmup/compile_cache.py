@@ -27,6 +27,13 @@ are created owner-only (directories 0o700, files 0o600), and an entry (or root) 
 owns or that group/others may write is not used (a warning, then a miss). Never point it at a
 directory other users can write.
 
+**Read-only entries.** A cache on a read-only mount (a shared cache, as clusters mount it) is
+read, never written: Inductor writes lock files (``inductor/locks/*.lock``) and new graphs into its
+cache directory even when it only reads, so a read-only entry's Inductor directory is copied into
+a private temporary directory that Inductor uses instead (removed by :meth:`CompileCache.close`);
+:meth:`CompileCache.save` writes nothing (one warning when the entry did not serve the compile).
+A read-only root without this job's entry is a miss with one warning.
+
 **Hit means used.** :meth:`CompileCache.restore` never raises (an unusable root or entry is a
 logged miss) and cannot know yet whether the entry will serve the compile; it returns a
 :class:`CacheRestore` with status "pending" when something was restored. After the first compiled
@@ -114,6 +121,9 @@ class CacheRestore:
     """Graphs Inductor served from its cache between restore and confirm."""
     reason: str = ""
     """Why the entry was not used, when it was not."""
+    read_only: bool = False
+    """The entry could not be written (a read-only mount): Inductor worked on a private copy of
+    its directory, and :meth:`CompileCache.save` writes nothing."""
 
 
 def module_fingerprint(
@@ -144,11 +154,36 @@ def module_fingerprint(
 
 
 def _private_dir(path: str) -> None:
-    """Create ``path`` (and missing parents) owner-only; tighten it if it exists and is ours."""
+    """Create ``path`` (and missing parents) owner-only; tighten it if it exists and is ours
+    (where it can be: a directory on a read-only filesystem keeps its mode)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(path)
     if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        os.chmod(path, 0o700)
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+
+
+def _writable(path: str) -> bool:
+    """A file can be created in the directory ``path`` (probed: on a read-only mount, or a
+    directory without write permission, ``os.access`` and the mode bits can disagree with what a
+    write does, e.g. for root)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
+
+
+def _nonempty(path: str) -> bool:
+    """``path`` is a directory with at least one entry (the iterator is closed)."""
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _untrusted(path: str) -> str | None:
@@ -212,6 +247,9 @@ class CompileCache:
         self._env_set = False
         self._restored: CacheRestore | None = None
         self._hits_at_restore = 0
+        self._copy: str | None = None
+        self.read_only = False
+        """The entry cannot be written (a read-only mount): it is read, never saved to."""
 
     @classmethod
     def for_targets(
@@ -302,15 +340,22 @@ class CompileCache:
                 )
                 return CacheRestore(status="miss", reason=why)
         _private_dir(self.path)
+        self.read_only = not _writable(self.path)
         warm = False
         inductor = self.inductor_path
         if inductor is not None:
-            _private_dir(inductor)
-            warm = any(os.scandir(inductor))
+            warm = _nonempty(inductor)
+            if self.read_only:
+                # Inductor writes lock files (and new graphs) into its cache directory even when
+                # it only reads: give it a private copy of what the entry holds.
+                active = self._private_copy(inductor if warm else None)
+            else:
+                _private_dir(inductor)
+                active = inductor
             if not self._env_set:
                 self._saved_env = os.environ.get(_ENV)
                 self._env_set = True
-            os.environ[_ENV] = inductor
+            os.environ[_ENV] = active
         loaded = False
         corrupt = False
         if self.config.mega_cache and not warm:
@@ -321,7 +366,35 @@ class CompileCache:
             elif data is False:
                 corrupt = True
         status = "corrupt" if corrupt else ("pending" if warm or loaded else "miss")
-        return CacheRestore(status=status, artifacts_loaded=loaded, inductor_warm=warm)
+        return CacheRestore(
+            status=status, artifacts_loaded=loaded, inductor_warm=warm, read_only=self.read_only
+        )
+
+    def _private_copy(self, inductor: str | None) -> str:
+        """A private, writable Inductor directory holding a copy of ``inductor`` (None: empty);
+        removed by :meth:`close`."""
+        self._drop_copy()
+        copy = tempfile.mkdtemp(prefix="fastinit-inductor-")
+        self._copy = copy
+        if inductor is not None:
+            shutil.copytree(
+                inductor,
+                copy,
+                symlinks=True,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("locks", ".tmp*"),
+            )
+        logger.info(
+            "fastinit: compile cache %s is read-only; Inductor uses a private copy in %s",
+            self.path,
+            copy,
+        )
+        return copy
+
+    def _drop_copy(self) -> None:
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def confirm(self) -> CacheRestore | None:
         """After the first compiled step: did the restored entry serve the compile?
@@ -408,6 +481,16 @@ class CompileCache:
         """
         if self.path is None or not self.config.mega_cache:
             return False
+        if self.read_only:
+            restored = self._restored
+            if restored is None or restored.status != "hit":
+                warnings.warn(
+                    f"fastinit: compile cache {self.path} is read-only; this job's compiled "
+                    "artifacts are not saved",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return False
         import torch
 
         saved = torch.compiler.save_cache_artifacts()
@@ -437,7 +520,9 @@ class CompileCache:
     # -- activation ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Give ``TORCHINDUCTOR_CACHE_DIR`` its previous value back."""
+        """Give ``TORCHINDUCTOR_CACHE_DIR`` its previous value back (and remove the private copy
+        of a read-only entry's Inductor directory)."""
+        self._drop_copy()
         if not self._env_set:
             return
         if self._saved_env is None:

@@ -1,0 +1,238 @@
+"""The compile cache on hostile storage: a read-only entry (a shared cache mounted read-only) is
+used without writing to it and never raises out of warm-up; no directory iterator leaks."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import gc
+import io
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_FP = "f" * 64
+
+
+@contextlib.contextmanager
+def _read_only_fs(root: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Make every write below ``root`` fail with EROFS, as on a read-only mount (root ignores
+    permission bits, so ``chmod a-w`` proves nothing when the tests run as root). Covers what
+    Python and Inductor write with: ``os.open`` with a writing flag (``tempfile``, ``FileLock``),
+    ``open``/``io.open`` in a writing mode, ``mkdir``, ``chmod``, ``replace``/``rename``,
+    ``unlink``."""
+    root = os.path.realpath(root)
+
+    def below(path: Any) -> bool:
+        try:
+            p = os.path.realpath(os.fspath(path))
+        except TypeError:  # a file descriptor
+            return False
+        return p == root or p.startswith(root + os.sep)
+
+    def erofs(path: Any) -> OSError:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    real_open, real_io_open = os.open, io.open
+
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & writing and below(path):
+            raise erofs(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def file_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if any(c in mode for c in "wax+") and below(file):
+            raise erofs(file)
+        return real_io_open(file, mode, *args, **kwargs)
+
+    def refuse(real: Any) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if below(path):
+                if real is os.mkdir and os.path.isdir(path):
+                    raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
+                raise erofs(path)
+            return real(path, *args, **kwargs)
+
+        return call
+
+    def refuse2(real: Any) -> Any:
+        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+            if below(src) or below(dst):
+                raise erofs(dst)
+            return real(src, dst, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", file_open)
+    monkeypatch.setattr(io, "open", file_open)
+    for name in ("mkdir", "chmod", "unlink", "remove", "rmdir"):
+        monkeypatch.setattr(os, name, refuse(getattr(os, name)))
+    for name in ("replace", "rename"):
+        monkeypatch.setattr(os, name, refuse2(getattr(os, name)))
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+
+
+def _warm_entry(root: str) -> Any:
+    """An entry whose Inductor directory holds compiled code (stand-ins) and a MegaCache file."""
+    from fastinit.warmup import CompileCache, CompileCacheConfig
+
+    cache = CompileCache(_FP, CompileCacheConfig(directory=root))
+    with cache:
+        assert cache.inductor_path is not None
+        os.makedirs(os.path.join(cache.inductor_path, "fxgraph", "ab"), mode=0o700)
+        with open(os.path.join(cache.inductor_path, "fxgraph", "ab", "graph"), "wb") as f:
+            f.write(b"compiled")
+    return cache
+
+
+def test_a_read_only_entry_is_used_through_a_private_copy_and_never_written(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils._filelock import FileLock
+
+    from fastinit.warmup import CompileCache, CompileCacheConfig
+
+    root = str(tmp_path / "cc")
+    entry = _warm_entry(root).path
+    before = sorted(os.walk(entry))
+    saved_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with _read_only_fs(root, monkeypatch), warnings.catch_warnings():
+        warnings.simplefilter("error")  # restoring a read-only entry warns about nothing
+        cache = CompileCache(_FP, CompileCacheConfig(directory=root))
+        restored = cache.restore()
+        assert (restored.status, restored.inductor_warm, restored.read_only) == (
+            "pending",
+            True,
+            True,
+        )
+        active = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        assert active != cache.inductor_path and not active.startswith(root)
+        with open(os.path.join(active, "fxgraph", "ab", "graph"), "rb") as f:
+            assert f.read() == b"compiled"  # what the entry holds, readable where Inductor looks
+        os.makedirs(os.path.join(active, "locks"), exist_ok=True)
+        with FileLock(os.path.join(active, "locks", "x.lock"), timeout=5):  # as Inductor does
+            pass
+        with pytest.raises(OSError):  # the simulation holds: the entry itself is not writable
+            FileLock(os.path.join(str(cache.inductor_path), "locks", "x.lock"), timeout=1).acquire()
+        warnings.simplefilter("default")
+        with pytest.warns(RuntimeWarning, match="read-only") as record:
+            assert cache.save() is False  # a miss on a read-only entry: one warning, no write
+        assert len(record) == 1
+        cache.confirm()
+        cache.close()
+        assert not os.path.exists(active)  # the private copy is removed
+        assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == saved_env
+    assert sorted(os.walk(entry)) == before
+
+
+def test_a_read_only_root_without_the_entry_is_one_warning_and_a_miss(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastinit.warmup import CompileCache, CompileCacheConfig
+
+    root = tmp_path / "cc"
+    root.mkdir(mode=0o700)
+    with _read_only_fs(str(root), monkeypatch):
+        cache = CompileCache(_FP, CompileCacheConfig(directory=str(root)))
+        with pytest.warns(RuntimeWarning, match="unusable") as record:
+            restored = cache.restore()
+        assert len(record) == 1 and restored.status == "miss"
+        cache.close()
+
+
+def test_restore_closes_its_directory_iterator(tmp_path: Any) -> None:
+    from fastinit.warmup import CompileCache, CompileCacheConfig
+
+    root = str(tmp_path / "cc")
+    _warm_entry(root)
+    cache = CompileCache(_FP, CompileCacheConfig(directory=root))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with cache as restored:
+            assert restored.inductor_warm
+        gc.collect()
+    leaks = [w for w in record if issubclass(w.category, ResourceWarning)]
+    assert not leaks, [str(w.message) for w in leaks]
+
+
+# -- a real Inductor compile on a read-only entry (fresh processes) -----------------------------
+
+_JOB = """
+import json, sys, warnings
+warnings.simplefilter("error", ResourceWarning)
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from fastinit.warmup import (
+    CompileCache, CompileCacheConfig, CompileConfig, WarmupConfig, module_fingerprint, warm_up,
+)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+config = CompileConfig(targets=("",))
+cache = CompileCache(module_fingerprint(model, {"backend": "inductor"}),
+                     CompileCacheConfig(directory=sys.argv[1]))
+with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    with cache as restored:
+        warm_up(model, torch.randn(4, 8), config=WarmupConfig(compile=config))
+        if restored.status != "pending":
+            cache.save()
+print(json.dumps({"status": restored.status, "read_only": restored.read_only,
+                  "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+                  "warnings": [str(w.message) for w in record if "fastinit" in str(w.message)]}))
+"""
+
+
+def _ro_command(root: str) -> list[str] | None:
+    """A command prefix that runs the job with ``root`` read-only for real, or None."""
+    if os.getuid() != 0:
+        subprocess.run(["chmod", "-R", "a-w", root], check=True)
+        return []
+    unshare, mount = shutil.which("unshare"), shutil.which("mount")
+    if unshare is None or mount is None:
+        return None
+    probe = subprocess.run(
+        [unshare, "-m", "sh", "-c", f"mount --bind -o ro {root} {root}"], capture_output=True
+    )
+    if probe.returncode != 0:
+        return None
+    return [unshare, "-m", "sh", "-c", f'mount --bind -o ro {root} {root} && exec "$@"', "sh"]
+
+
+@pytest.mark.slow  # two Inductor compiles in fresh processes (cold: ~45 s on 2 shared cores)
+@pytest.mark.timeout(600)
+def test_inductor_on_a_read_only_entry(tmp_path: Any) -> None:
+    import json
+
+    root = str(tmp_path / "cc")
+
+    def job(prefix: list[str]) -> dict[str, Any]:
+        out = subprocess.run(
+            [*prefix, sys.executable, "-c", _JOB, root],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-4000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = job([])
+    assert first["status"] == "miss" and not first["read_only"]
+    prefix = _ro_command(root)
+    if prefix is None:
+        pytest.skip("cannot make a directory read-only here (root without mount namespaces)")
+    warm = job(prefix)
+    assert (warm["status"], warm["read_only"]) == ("hit", True), warm
+    assert warm["hits"] >= 1 and warm["warnings"] == [], warm

@@ -48,7 +48,10 @@ __all__ = [
     "explicit_seeds",
     "normalize_seed",
     "Records",
+    "PLAN_SOURCES",
+    "build_record",
     "column",
+    "plan_source",
     "replicated_tensors",
     "structure_of",
     "tensor_digests",
@@ -58,18 +61,42 @@ __all__ = [
 RECORD_VERSION = 2
 _CLASS_BYTES = 32
 _ERROR_BYTES = 384
-#: version, flags, planner fingerprint, structure digest, plan digest, plan length,
-#: structure length, seed, error class, error length, error text: 541 bytes.
-_RECORD = struct.Struct(f"<BH32s32s32sQQQ{_CLASS_BYTES}sH{_ERROR_BYTES}s")
-#: Where each fixed-size field of a packed record lies: (offset, size, int?).
+#: The record's fields in wire order, each with its ``struct`` format; the struct, its size and
+#: every field's offset (:data:`_FIELDS`) are derived from this one list.
+_LAYOUT: tuple[tuple[str, str], ...] = (
+    ("version", "B"),
+    ("flags", "H"),
+    ("fingerprint", "32s"),  # the planner fingerprint (the plan-cache key)
+    ("structure", "32s"),  # sha256 of structure_of(module)
+    ("plan_digest", "32s"),  # sha256 of the encoded plan this rank holds
+    ("plan_len", "Q"),
+    ("structure_len", "Q"),
+    ("seed", "Q"),
+    ("error_class", f"{_CLASS_BYTES}s"),
+    ("error_len", "H"),
+    ("error", f"{_ERROR_BYTES}s"),
+)
+_RECORD = struct.Struct("<" + "".join(fmt for _, fmt in _LAYOUT))
+
+
+def _field_offsets(layout: Sequence[tuple[str, str]]) -> dict[str, tuple[int, int, bool]]:
+    """``name -> (offset, size, is an int)`` of every field of a little-endian, unpadded
+    ``struct`` layout."""
+    out: dict[str, tuple[int, int, bool]] = {}
+    offset = 0
+    for name, fmt in layout:
+        size = struct.calcsize("<" + fmt)
+        out[name] = (offset, size, not fmt.endswith("s"))
+        offset += size
+    return out
+
+
+#: Where each column of a packed record lies (the fields :meth:`Records.column` reads: the
+#: record's fixed-size values, not the version or the error text): ``(offset, size, int?)``.
 _FIELDS = {
-    "flags": (1, 2, True),
-    "fingerprint": (3, 32, False),
-    "structure": (35, 32, False),
-    "plan_digest": (67, 32, False),
-    "plan_len": (99, 8, True),
-    "structure_len": (107, 8, True),
-    "seed": (115, 8, True),
+    name: where
+    for name, where in _field_offsets(_LAYOUT).items()
+    if name not in ("version", "error_class", "error_len", "error")
 }
 
 HAS_PLAN = 1 << 0  # holds a plan (explicit, cached or planned here)
@@ -153,6 +180,74 @@ class Record:
         known = isinstance(exc, StartupError | errors.CompatibilityError)
         self.error_class = cls.__name__ if known else ""
         self.error = f"{cls.__name__}: {exc}"
+
+
+#: Where a rank's plan came from before the exchange (``build_record``'s ``source``).
+PLAN_SOURCES = ("explicit", "cache", "planned")
+_SOURCE_FLAGS = {"explicit": EXPLICIT, "cache": FROM_CACHE, "planned": PLANNED}
+
+
+def build_record(
+    *,
+    structure: bytes,
+    init_parameters: bool,
+    validate: bool = False,
+    seed: int = 0,
+    seed_given: bool = False,
+    fingerprint: bytes | None = None,
+    source: str | None = None,
+    encoded: bytes | None = None,
+    failure: BaseException | None = None,
+) -> Record:
+    """This rank's record, from what its preparation found; the only place a record is filled.
+
+    Args:
+        structure: :func:`structure_of` the module (its digest and length travel).
+        init_parameters: ``setup``'s ``init_parameters``.
+        validate: TorchRec's collective validation, as this rank resolved it.
+        seed: the seed, already normalised (:func:`normalize_seed`).
+        seed_given: ``seed=`` was passed (not ``torch.initial_seed()``).
+        fingerprint: the planner fingerprint (zeros when preparation failed before it).
+        source: where the plan came from (``"explicit"``: passed to ``setup``, set even when its
+            checks failed): one of :data:`PLAN_SOURCES`, or None (none here yet).
+        encoded: the encoded plan this rank holds (its digest and length travel), or None.
+        failure: the exception preparation raised, or None.
+
+    Returns:
+        The :class:`Record` (``Record.SIZE`` bytes when packed).
+    """
+    if source is not None and source not in PLAN_SOURCES:
+        raise ValueError(f"plan source {source!r}: one of {PLAN_SOURCES} or None")
+    record = Record(
+        structure=hashlib.sha256(structure).digest(),
+        structure_len=len(structure),
+        seed=seed,
+    )
+    flags = INIT_PARAMETERS if init_parameters else 0
+    flags |= (VALIDATE if validate else 0) | (SEED_GIVEN if seed_given else 0)
+    if fingerprint is not None:
+        record.fingerprint = fingerprint
+    if source is not None:
+        flags |= _SOURCE_FLAGS[source]
+    if encoded is not None:
+        record.plan_digest = hashlib.sha256(encoded).digest()
+        record.plan_len = len(encoded)
+        flags |= HAS_PLAN
+    record.flags = flags
+    if failure is not None:
+        record.fail(failure)
+    return record
+
+
+def plan_source(record: Record) -> str:
+    """Where ``record``'s rank got its plan: one of :data:`PLAN_SOURCES`, or ``"received"``."""
+    if record.flags & EXPLICIT:
+        return "explicit"
+    if record.flags & FROM_CACHE:
+        return "cache"
+    if record.flags & PLANNED:
+        return "planned"
+    return "received"
 
 
 def normalize_seed(seed: int) -> int:
@@ -380,7 +475,7 @@ def column(records: Sequence[Record], field: str) -> list[Any]:
 
 def exchange(channel: Channel, mine: Record, structure: bytes) -> Records:
     """One ``all_gather`` of the records, then :func:`check_records` (raises on every rank)."""
-    with trace.span("fastinit.exchange"):
+    with trace.span("fastinit.record_all_gather"):
         data = channel.all_gather_bytes(mine.pack(), Record.SIZE, "start-up record all_gather")
         records = Records(data)
     check_records(records, channel, structure)

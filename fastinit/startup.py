@@ -7,14 +7,19 @@
    into a fixed-size record; a failure is packed too, so every rank still joins the exchange.
 2. **exchange** (:func:`fastinit.protocol.exchange`) — one ``all_gather`` of the records; any
    failure or disagreement raises the same error on every rank.
-3. **plan** (:func:`fastinit.protocol.agree_on_plan`) — no message when every rank holds the same
-   plan, else one broadcast of the encoded plan; ranks that planned or missed fill the cache.
-4. **materialise** (:func:`fastinit.seeding.materialize_dense`) — meta dense parameters from
+3. **agree_on_plan** (:func:`fastinit.protocol.agree_on_plan`) — no message when every rank holds
+   the same plan, else one broadcast of the encoded plan; ranks that planned or missed fill the
+   cache.
+4. **materialize** (:func:`fastinit.seeding.materialize_dense`) — meta dense parameters from
    explicit generators seeded by rank 0's seed and each tensor's name.
 5. **construct** (:func:`_construct`) — TorchRec's ``DistributedModelParallel`` with fast sharders
    (shard metadata from the plan), the plan's process groups only, DDP without its init sync.
 6. **verify** (:func:`fastinit.protocol.verify_replicas`) — one ``all_reduce`` of digests of every
    replicated value; rank 0's values are broadcast only where they differ, with a warning.
+
+Each phase is one ``fastinit.<phase>`` trace span (``prepare``, ``exchange``, ``agree_on_plan``,
+``materialize``, ``construct``, ``verify``, ``init_data_parallel``), its seconds in the DEBUG
+summary. The fast sharders are built once, for construction, with the agreed seed.
 
 At most 3 start-up collectives (record, plan, digests), plus one broadcast only where replicated
 values differ; none for a world of one. ``docs/startup.md`` describes the protocol as built.
@@ -205,41 +210,67 @@ def setup(
     """
     compat.require("setup")
     device = device or torch.device("cpu")
-    started = time.perf_counter()
+    phases = _Phases()
     with _tracer_from_env(), trace.span("fastinit.setup"):
         env = _resolve_env(env, device)
         channel = protocol.Channel(env.process_group if env.world_size > 1 else None, device)
-        local = _prepare(
-            module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
-        )
-        records = _exchange(channel, local)
-        plan = _agree_on_plan(channel, records, local)
-        seed_used = _adopt_rank0_settings(records, local.sharders)
+        with phases("prepare"):
+            local = _prepare(
+                module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
+            )
+        with phases("exchange"):
+            records = _exchange(channel, local)
+            seed_used = _adopt_rank0_settings(records)
+        with phases("agree_on_plan"):
+            plan = _agree_on_plan(channel, records, local)
         if init_parameters:
-            from fastinit.seeding import materialize_dense
+            with phases("materialize"):
+                from fastinit.seeding import materialize_dense
 
-            with trace.span("fastinit.materialize_dense"):
                 materialize_dense(module, _sharded_paths(module, plan), device, seed_used)
-        model = _construct(
-            module,
-            env,
-            device,
-            plan,
-            local.sharders,
-            init_parameters,
-            data_parallel_wrapper,
-            model_tracker_configs,
-        )
-        differed = protocol.verify_replicas(
-            channel,
-            protocol.replicated_tensors(model.module, plan),
-            seeds=protocol.explicit_seeds(records),
-            log=logger.warning,
-        )
+        with phases("construct"):
+            model = _construct(
+                module,
+                env,
+                device,
+                plan,
+                _construction_sharders(local.sharders, seed_used),
+                init_parameters,
+                data_parallel_wrapper,
+                model_tracker_configs,
+            )
+        with phases("verify"):
+            differed = protocol.verify_replicas(
+                channel,
+                protocol.replicated_tensors(model.module, plan),
+                seeds=protocol.explicit_seeds(records),
+                log=logger.warning,
+            )
         if init_data_parallel:
-            model.init_data_parallel()
-    _log_summary(channel, records, local, started, differed)
+            with phases("init_data_parallel"):
+                model.init_data_parallel()
+    _log_summary(channel, records, local, phases, differed)
     return model
+
+
+class _Phases:
+    """``setup``'s phases, each one ``fastinit.<phase>`` trace span, timed (for the summary)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            with trace.span(f"fastinit.{name}"):
+                yield
+        finally:
+            self.seconds[name] = time.perf_counter() - t0
+
+    def total(self) -> float:
+        return time.perf_counter() - self.started
 
 
 # -- phase 0: the environment ------------------------------------------------------------------
@@ -314,6 +345,8 @@ class _Local:
     record: Record
     structure: bytes
     sharders: list[Any]
+    """The sharders as given (TorchRec's defaults when none were): the fast ones are built from
+    these once the seed is agreed (:func:`_construction_sharders`)."""
     plan: ShardingPlan | None = None
     encoded: bytes | None = None
     fingerprint: bytes | None = None
@@ -333,43 +366,61 @@ def _prepare(
     init_parameters: bool,
 ) -> _Local:
     """Everything this rank can do alone; never raises (a failure is packed into the record)."""
-    from fastinit.sharding.sharders import fast_sharders
-
-    record = Record()
     structure = protocol.structure_of(module)
-    record.structure = hashlib.sha256(structure).digest()
-    record.structure_len = len(structure)
-    if init_parameters:
-        record.flags |= protocol.INIT_PARAMETERS
-    local = _Local(record=record, structure=structure, sharders=[])
+    local = _Local(record=Record(), structure=structure, sharders=[])
+    found: dict[str, Any] = {"seed": 0, "source": "explicit" if plan is not None else None}
     try:
-        if _collective_validation_on_leader():
-            record.flags |= protocol.VALIDATE
-        if seed is not None:
-            record.seed = protocol.normalize_seed(seed)
-            record.flags |= protocol.SEED_GIVEN
-        else:
-            record.seed = protocol.normalize_seed(torch.initial_seed())
+        found["validate"] = _collective_validation_on_leader()
+        found["seed"] = protocol.normalize_seed(seed if seed is not None else torch.initial_seed())
+        local.sharders = _given_sharders(sharders)
         if plan is not None:  # as DMP: no planner is built when a plan is given
-            record.flags |= protocol.EXPLICIT
-            local.sharders = fast_sharders(sharders, record.seed)
-            record.fingerprint = _explicit_plan_fingerprint(module, env, device, local.sharders)
+            planning = _planning_sharders(local.sharders)
+            found["fingerprint"] = _explicit_plan_fingerprint(module, env, device, planning)
         else:
-            key = _plan_key(module, env, device, sharders, planner)
-            local.sharders, local.fingerprint = key.sharders, key.fingerprint
-            record.fingerprint = key.fingerprint
-            plan = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
+            key = _plan_key(module, env, device, local.sharders, planner)
+            planning, local.fingerprint = key.sharders, key.fingerprint
+            found["fingerprint"] = key.fingerprint
+            plan, found["source"] = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
         if plan is not None:
-            _validate(module, plan, local.sharders, env.world_size)
+            _validate(module, plan, planning, env.world_size)
             local.encoded = _encode(plan)
             local.plan = plan
-            record.plan_digest = hashlib.sha256(local.encoded).digest()
-            record.plan_len = len(local.encoded)
-            record.flags |= protocol.HAS_PLAN
     except Exception as e:  # joins the exchange with its error: nobody hangs
-        record.fail(e)
         local.failure = e
+    local.record = protocol.build_record(
+        structure=structure,
+        init_parameters=init_parameters,
+        validate=found.get("validate", False),
+        seed=found["seed"],
+        seed_given=seed is not None,
+        fingerprint=found.get("fingerprint"),
+        source=found["source"],
+        encoded=local.encoded,
+        failure=local.failure,
+    )
     return local
+
+
+def _given_sharders(sharders: list[ModuleSharder[nn.Module]] | None) -> list[Any]:
+    if sharders is not None:
+        return list(sharders)
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    return list(get_default_sharders())
+
+
+def _planning_sharders(sharders: list[Any]) -> list[Any]:
+    """The fast sharders the plan is checked (and planned) with: no seed matters there."""
+    from fastinit.sharding.sharders import fast_sharders
+
+    return fast_sharders(sharders, 0)
+
+
+def _construction_sharders(sharders: list[Any], seed: int) -> list[Any]:
+    """The fast sharders that build the model, seeded with the agreed seed."""
+    from fastinit.sharding.sharders import fast_sharders
+
+    return fast_sharders(sharders, seed)
 
 
 def _explicit_plan_fingerprint(
@@ -419,8 +470,9 @@ def _plan_from_cache_or_planner(
     key: PlanKey,
     plan_cache: str | os.PathLike[str] | None,
     local: _Local,
-) -> ShardingPlan | None:
-    """The cached plan, else rank 0's planner's; None on the other ranks on a miss."""
+) -> tuple[ShardingPlan | None, str | None]:
+    """The cached plan, else rank 0's planner's (None on the other ranks on a miss), and where
+    it came from."""
     from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, resolve_cache_dir
 
     cache_dir = resolve_cache_dir(plan_cache)
@@ -433,10 +485,9 @@ def _plan_from_cache_or_planner(
     elif cache_dir is not None:
         local.cache = PlanCache(cache_dir)
         with trace.span("fastinit.plan_cache.get"):
-            cached = _cache_get(local.cache, key.fingerprint, module, local.sharders, env)
+            cached = _cache_get(local.cache, key.fingerprint, module, key.sharders, env)
         if cached is not None:
-            local.record.flags |= protocol.FROM_CACHE
-            return cached
+            return cached, "cache"
         if env.rank == 0:  # which planner input differs from the plans made ahead, if any
             from fastinit.sharding.provenance import log_miss
 
@@ -445,11 +496,10 @@ def _plan_from_cache_or_planner(
             except Exception as e:  # a diagnostic only: never fails a start-up
                 logger.debug("fastinit plan cache: could not explain the miss: %s", e)
     if env.rank != 0:
-        return None
+        return None, None
     with trace.span("fastinit.plan"):
-        plan = key.planner.plan(module, local.sharders)
-    local.record.flags |= protocol.PLANNED
-    return plan
+        plan = key.planner.plan(module, key.sharders)
+    return plan, "planned"
 
 
 def _cache_get(
@@ -586,61 +636,41 @@ def _set_collective_validation(enabled: bool) -> None:
     _trc.set_collective_validation(enabled)
 
 
-def _adopt_rank0_settings(records: Sequence[Record], sharders: list[Any]) -> int:
-    """Rank 0's seed (returned, and given to the sharders) and collective-validation setting,
-    from the records: what stock would broadcast, already known."""
+def _adopt_rank0_settings(records: Sequence[Record]) -> int:
+    """Rank 0's seed (returned: the sharders are built with it) and collective-validation
+    setting, from the records: what stock would broadcast, already known."""
     seed = protocol.agreed_seed(records)
-    for sharder in sharders:
-        _set_seed(sharder, seed)
     _set_collective_validation(bool(records[0].flags & protocol.VALIDATE))
     return seed
-
-
-def _set_seed(sharder: Any, seed: int) -> None:
-    if hasattr(sharder, "seed"):
-        sharder.seed = seed
-    for attr in ("_ebc_sharder", "_e_sharder", "_ec_sharder"):
-        inner = getattr(sharder, attr, None)
-        if inner is not None and hasattr(inner, "seed"):
-            inner.seed = seed
-
-
-def _plan_source(record: Record) -> str:
-    if record.flags & protocol.EXPLICIT:
-        return "explicit"
-    if record.flags & protocol.FROM_CACHE:
-        return "cache"
-    if record.flags & protocol.PLANNED:
-        return "planned"
-    return "received"
 
 
 def _log_summary(
     channel: protocol.Channel,
     records: Sequence[Record],
     local: _Local,
-    started: float,
+    phases: _Phases,
     differed: list[str],
 ) -> None:
-    """One INFO line on rank 0; the details at DEBUG on every rank."""
-    seconds = time.perf_counter() - started
+    """One INFO line on rank 0; the details (each phase's seconds) at DEBUG on every rank."""
+    seconds = phases.total()
     if channel.rank == 0:
         logger.info(
             "fastinit.setup: %.2fs, world %d, plan %s, %d start-up collective(s), %d bytes sent%s",
             seconds,
             channel.world_size,
-            _plan_source(local.record),
+            protocol.plan_source(local.record),
             channel.collectives,
             channel.bytes,
             f", {len(differed)} replicated tensor(s) set from rank 0" if differed else "",
         )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
-            "fastinit.setup rank %d: ops %s on %s; plan sources %s; seed %d",
+            "fastinit.setup rank %d: phases %s; ops %s on %s; plan sources %s; seed %d",
             channel.rank,
+            ", ".join(f"{k} {v:.3f}s" for k, v in phases.seconds.items()),
             channel.ops,
             channel.device,
-            [_plan_source(r) for r in records],
+            [protocol.plan_source(r) for r in records],
             records[0].seed,
         )
 

@@ -629,3 +629,69 @@ def test_record_columns_are_read_from_the_packed_bytes() -> None:
     for field in protocol._FIELDS:
         assert table.column(field) == [getattr(r, field) for r in records], field
         assert protocol.column(records, field) == table.column(field)
+
+
+def test_record_offsets_are_derived_from_the_struct_layout() -> None:
+    import struct
+
+    assert protocol._RECORD.size == Record.SIZE == 541
+    fmt = "<" + "".join(f for _, f in protocol._LAYOUT)
+    assert protocol._RECORD.format == fmt
+    for name, (offset, size, is_int) in protocol._FIELDS.items():
+        index = [n for n, _ in protocol._LAYOUT].index(name)
+        prefix = "<" + "".join(f for _, f in protocol._LAYOUT[:index])
+        assert offset == struct.calcsize(prefix), name
+        assert is_int == (not protocol._LAYOUT[index][1].endswith("s")), name
+        assert size == struct.calcsize("<" + protocol._LAYOUT[index][1]), name
+    # and every field a record holds unpacks from where the offsets say
+    rec = Record(flags=7, plan_len=3, seed=11, structure_len=5, fingerprint=b"a" * 32)
+    data = rec.pack()
+    for name, (offset, size, is_int) in protocol._FIELDS.items():
+        raw = data[offset : offset + size]
+        assert (int.from_bytes(raw, "little") if is_int else raw) == getattr(rec, name), name
+
+
+def test_build_record_is_the_only_record_setup_fills() -> None:
+    structure = b"w\tparam\t[2]\tfloat32"
+    rec = protocol.build_record(
+        structure=structure,
+        init_parameters=True,
+        validate=True,
+        seed=42,
+        seed_given=True,
+        fingerprint=b"f" * 32,
+        source="cache",
+        encoded=b"plan bytes",
+    )
+    import hashlib
+
+    assert rec.flags == (
+        protocol.INIT_PARAMETERS
+        | protocol.VALIDATE
+        | protocol.SEED_GIVEN
+        | protocol.FROM_CACHE
+        | protocol.HAS_PLAN
+    )
+    assert rec.structure == hashlib.sha256(structure).digest()
+    assert rec.structure_len == len(structure)
+    assert rec.plan_digest == hashlib.sha256(b"plan bytes").digest() and rec.plan_len == 10
+    assert (rec.seed, rec.fingerprint) == (42, b"f" * 32)
+    assert protocol.plan_source(rec) == "cache"
+    # planned on this rank: no plan held yet is impossible; a rank that missed holds none
+    missed = protocol.build_record(structure=structure, init_parameters=False)
+    assert missed.flags == 0 and protocol.plan_source(missed) == "received"
+    planned = protocol.build_record(
+        structure=structure, init_parameters=False, source="planned", encoded=b"x"
+    )
+    assert planned.flags == protocol.PLANNED | protocol.HAS_PLAN
+    failed = protocol.build_record(
+        structure=structure,
+        init_parameters=False,
+        source="explicit",
+        failure=PlanMismatchError("no fit"),
+    )
+    assert failed.flags == protocol.EXPLICIT | protocol.FAILED
+    assert failed.error_class == "PlanMismatchError"
+    assert Record.unpack(failed.pack()) == failed
+    with pytest.raises(ValueError, match="plan source"):
+        protocol.build_record(structure=b"", init_parameters=False, source="disk")

@@ -490,3 +490,20 @@ def test_an_op_without_a_generator_variant_is_reported(caplog: pytest.LogCapture
     ):
         torch.ops.aten.native_dropout(torch.ones(16), 0.5, True)
     assert "native_dropout" in caplog.text and "global RNG" in caplog.text
+
+
+def test_fast_sharders_are_seeded_copies_and_never_change_the_given_ones() -> None:
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+
+    from fastinit.sharding.sharders import FastEmbeddingBagCollectionSharder, fast_sharders
+
+    stock = EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.5})
+    fast = FastEmbeddingBagCollectionSharder(seed=5)
+    composite = FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=fast)
+    got = fast_sharders([stock, fast, composite], 9)
+    assert isinstance(got[0], FastEmbeddingBagCollectionSharder) and got[0].seed == 9
+    assert got[0].fused_params == {"learning_rate": 0.5}
+    assert got[1] is not fast and got[1].seed == 9 and fast.seed == 5
+    assert got[2] is not composite and got[2]._ebc_sharder.seed == 9
+    assert composite._ebc_sharder is fast and fast.seed == 5  # the given ones: unchanged

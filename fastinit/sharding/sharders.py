@@ -296,7 +296,15 @@ _FAST = {
 _INNER = ("_ebc_sharder", "_e_sharder", "_ec_sharder")
 
 
+def _is_fast(sharder: Any) -> bool:
+    return type(sharder) in _FAST or isinstance(sharder, _SeededSharder)
+
+
 def _fast_copy(sharder: Any, seed: int) -> Any:
+    if isinstance(sharder, _SeededSharder):  # already fast: a copy with this seed
+        fast = copy.copy(sharder)
+        fast.seed = seed
+        return fast
     fast_type = _FAST.get(type(sharder))
     if fast_type is not None:
         fast = fast_type.__new__(fast_type)
@@ -305,7 +313,7 @@ def _fast_copy(sharder: Any, seed: int) -> Any:
         return fast
     # Composite sharders (feature-processed EBC, managed-collision EBC/EC) shard through an inner
     # EBC/EC sharder: make that one fast.
-    inner = next((a for a in _INNER if type(getattr(sharder, a, None)) in _FAST), None)
+    inner = next((a for a in _INNER if _is_fast(getattr(sharder, a, None))), None)
     if inner is None:
         return sharder
     fast = copy.copy(sharder)
@@ -314,11 +322,19 @@ def _fast_copy(sharder: Any, seed: int) -> Any:
 
 
 def fast_sharders(sharders: list[Any] | None, seed: int) -> list[Any]:
-    """The fast equivalents of ``sharders`` (default: TorchRec's default sharders).
+    """The fast equivalents of ``sharders`` (default: TorchRec's default sharders), seeded.
 
     A stock EBC/EC sharder becomes its fast subclass with the same settings (fused params, qcomm
-    codecs, ...); composite sharders get a fast inner sharder; any other sharder — the user's own
-    subclass included — is used as given.
+    codecs, ...); a fast one is copied with ``seed``; composite sharders get a fast inner sharder
+    (copied); any other sharder — the user's own subclass of a stock one included — is used as
+    given. The given sharders are never changed.
+
+    Args:
+        sharders: the sharders, or None for TorchRec's defaults.
+        seed: seeds the fast sharders' table initialisation (``setup`` passes the agreed seed).
+
+    Returns:
+        One sharder per given sharder, in order.
     """
     from fastinit import compat
 

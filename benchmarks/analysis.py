@@ -25,6 +25,9 @@ __all__ = [
     "summarize_floor",
     "table_rows",
     "ratio",
+    "analyse_recover",
+    "summarize_recover",
+    "recover_rows",
 ]
 
 #: Spans drawn and tabulated: interpreter start + imports, the seven stages, the first step.
@@ -214,4 +217,121 @@ def table_rows(results: Mapping[str, Any], floors: Mapping[str, Any]) -> list[di
                     "fastinit_rss": f["peak_rss_mb"],
                 }
             )
+    return rows
+
+
+# -- the recover scenario ----------------------------------------------------------------------
+
+
+def analyse_recover(
+    paths: Sequence[str],
+    kill: Mapping[str, Any],
+    saves: Sequence[Mapping[str, Any]],
+    before: Mapping[int, Mapping[int, float]] | None = None,
+) -> dict[str, Any]:
+    """One recover run: the restarted workers' traces (``paths``), the kill's record
+    (:func:`benchmarks.faults.read_kill`), the first attempt's ``save-rank<N>.json`` records and
+    its losses per rank and step (``before``, from ``losses-a0-rank<N>.json``).
+
+    ``recover_s``: from the kill to the first batch after the resume (the last rank's);
+    ``restart_s``: from the kill to the first restarted process's start (the agent noticing,
+    stopping the survivors, the rendezvous, the spawn); ``startup_s``: the rest, the restarted
+    job's own start-up with the checkpoint load in it; ``resume_s``: the load (max over ranks);
+    ``losses_equal``: every step trained both before the kill and after the resume (those after
+    the checkpoint) has the same loss, bit for bit, on every rank (``losses_compared`` of them).
+    """
+    run = analyse_run(paths)
+    t_kill = float(kill["time"])
+    starts, firsts, resumes, losses, resumed = [], [], [], {}, set()
+    for trace in load(paths):
+        bench = trace.bench or {}
+        starts.append(float(bench["process_start"]))
+        firsts.append(float(bench["first_batch"]))
+        spans = [e for e in trace.events if e.get("kind") == "span" and e["name"] == "resume"]
+        resumes.append(max((float(e["dur"]) / 1e6 for e in spans), default=0.0))
+        losses[trace.rank] = {int(k): float(v) for k, v in bench.get("losses", {}).items()}
+        resumed.add(bench.get("resumed_from_step"))
+    if len(resumed) != 1 or None in resumed:
+        raise ValueError(f"the restarted ranks resumed from steps {sorted(map(str, resumed))}")
+    step0 = resumed.pop()
+    compared, equal = 0, True
+    for rank, after in losses.items():
+        for step, value in (before or {}).get(rank, {}).items():
+            if step > step0 and step in after:
+                compared += 1
+                equal = equal and after[step] == value
+    blocking = [float(s["blocking_s"]) for s in saves]
+    commit = [float(s["commit_s"]) for s in saves]
+    nbytes = [int(s["bytes"]) for s in saves if "bytes" in s]
+    return {
+        **run,
+        "recover_s": max(firsts) - t_kill,
+        "restart_s": min(starts) - t_kill,
+        "startup_s": max(firsts) - min(starts),
+        "resume_s": max(resumes),
+        "resumed_from_step": step0,
+        "killed": dict(kill),
+        "save_blocking_s": max(blocking, default=float("nan")),
+        "save_commit_s": max(commit, default=float("nan")),
+        "save_how": saves[0].get("how", "") if saves else "",
+        "checkpoint_bytes": max(nbytes, default=0),
+        "losses": losses,
+        "losses_before": {r: dict(v) for r, v in (before or {}).items()},
+        "losses_compared": compared,
+        "losses_equal": equal and compared > 0,
+    }
+
+
+_RECOVER_KEYS = (
+    "recover_s",
+    "restart_s",
+    "startup_s",
+    "resume_s",
+    "save_blocking_s",
+    "save_commit_s",
+    "checkpoint_bytes",
+)
+
+
+def summarize_recover(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians over the repeats of one (model, mode) in the recover scenario."""
+    med = statistics.median
+    out: dict[str, Any] = {k: med(float(r[k]) for r in runs) for k in _RECOVER_KEYS}
+    out.update(
+        repeats=len(runs),
+        recover_all_s=[r["recover_s"] for r in runs],
+        stages_s={s: med(r["stages_s"][s] for r in runs) for s in TIMELINE},
+        save_how=runs[0]["save_how"],
+        resumed_from_step=runs[0]["resumed_from_step"],
+        losses_equal=all(r["losses_equal"] for r in runs),
+        losses_compared=sum(r["losses_compared"] for r in runs),
+        info=runs[0]["ranks"][0]["info"],
+    )
+    return out
+
+
+def recover_rows(
+    recover: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """One row per model: time to recover of stock-best and fastinit beside their time to start
+    on the same hosts (``results``' same-hosts medians, NaN where that scenario did not run)."""
+    nan = float("nan")
+    rows = []
+    for model, modes in recover.items():
+        b, f = modes["stock-best"], modes["fastinit"]
+        start = results.get(model, {}).get("same-hosts", {})
+        rows.append(
+            {
+                "model": model,
+                "best_recover_s": b["recover_s"],
+                "fastinit_recover_s": f["recover_s"],
+                "vs_best": ratio(f["recover_s"], b["recover_s"]),
+                "best_start_s": start.get("stock-best", {}).get("ttfb_s", nan),
+                "fastinit_start_s": start.get("fastinit", {}).get("ttfb_s", nan),
+                "losses_equal": b["losses_equal"] and f["losses_equal"],
+                "losses_compared": b["losses_compared"] + f["losses_compared"],
+                **{f"best_{k}": b[k] for k in _RECOVER_KEYS if k != "recover_s"},
+                **{f"fastinit_{k}": f[k] for k in _RECOVER_KEYS if k != "recover_s"},
+            }
+        )
     return rows

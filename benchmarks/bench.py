@@ -4,13 +4,16 @@
     python -m benchmarks.bench --models large --nproc 4 --repeats 1
     python -m benchmarks.bench --prime fastinit small new-hosts 2   # make prime
     python -m benchmarks.bench --one fastinit small new-hosts 2     # make ttfb: exactly one run
+    python -m benchmarks.bench --one fastinit small recover 2       # time to recover, one run
 
 Each run launches :mod:`benchmarks.trainer` on ``--nproc`` ranks through the torchx component
 :func:`benchmarks.components.ttfb` (``--launcher torchrun``: torchrun directly); the floor is
 :mod:`benchmarks.floor` under torchrun. Per repeat and model: for each scenario (cold, then the
 restarts, :mod:`benchmarks.scenarios`) every mode runs once in the scenario's state, then the
 floor with that scenario's caches. The modes' order rotates with the repeat, so drift in the
-machine's load does not favour one mode.
+machine's load does not favour one mode. The ``recover`` scenario (stock-best and fastinit, no
+floor) kills a rank mid-job and measures the time from the kill to the first batch after the
+resume (:data:`benchmarks.scenarios.RECOVER`).
 
 Modules: :mod:`benchmarks.launch` (launching), :mod:`benchmarks.scenarios` (caches and rules),
 :mod:`benchmarks.analysis` (traces to numbers, pure), :mod:`benchmarks.report` (tables,
@@ -33,13 +36,24 @@ from typing import Any
 from benchmarks.analysis import (
     TIMELINE,
     analyse_floor,
+    analyse_recover,
     analyse_run,
+    recover_rows,
     summarize,
     summarize_floor,
+    summarize_recover,
     table_rows,
 )
 from benchmarks.launch import RunSpec, run_floor, run_trainer
-from benchmarks.scenarios import SCENARIOS, Layout, is_primed, prepare, snapshot_primed
+from benchmarks.scenarios import (
+    RECOVER,
+    RECOVER_MODES,
+    SCENARIOS,
+    Layout,
+    is_primed,
+    prepare,
+    snapshot_primed,
+)
 from benchmarks.trainer import MODES
 
 __all__ = ["BenchConfig", "run_bench", "prime", "run_single", "main"]
@@ -121,6 +135,13 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
         cold: dict[str, dict[str, Any]] = {}
         for scenario in ("cold", *restarts):
             for mode in order:
+                if scenario == "recover":
+                    if mode in RECOVER_MODES:
+                        out = os.path.join(config.out, "runs", model, scenario, mode, f"r{r}")
+                        runs[scenario][mode].append(
+                            _recover(config, layouts[mode], model, out, f"r{r}")
+                        )
+                    continue
                 if scenario == "new-hosts" and mode == "stock" and config.reuse_stock_cold:
                     runs[scenario][mode].append(cold[mode])
                     continue
@@ -138,11 +159,53 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
                     snapshot_primed(layout)
                 if scenario in config.scenarios:
                     runs[scenario][mode].append(result)
-            if config.floor:  # the cold floor also fills the Inductor directory restarts use
+            if config.floor and scenario != "recover":  # the cold floor also fills the
+                # Inductor directory restarts use
                 floor = _floor(config, layouts, model, scenario, r)
                 if scenario in config.scenarios:
                     runs[scenario]["floor"].append(floor)
     return runs
+
+
+def _recover(
+    config: BenchConfig, layout: Layout, model: str, out: str, label: str
+) -> dict[str, Any]:
+    """One recover run (:data:`benchmarks.scenarios.RECOVER`): the job under torchrun with
+    restarts, a checkpoint, a rank killed, every worker restarted and resumed."""
+    from benchmarks.faults import KillAt, read_kill
+
+    prepare(layout, "recover")
+    kill_file = os.path.abspath(os.path.join(out, "kill.json"))
+    kill = KillAt(rank=RECOVER.kill_rank(config.nproc), step=RECOVER.kill_step, record=kill_file)
+    spec = dataclasses.replace(
+        _spec(config, layout, model, "recover", out),
+        steps=RECOVER.steps,
+        checkpoint_dir=layout.checkpoint_dir,
+        checkpoint_step=RECOVER.checkpoint_step,
+        max_restarts=RECOVER.max_restarts,
+        env=kill.env(),
+    )
+    t = time.monotonic()
+    paths = run_trainer(spec)
+    if not os.path.exists(kill_file):
+        raise RuntimeError(f"recover {layout.mode}/{model}: no rank was killed ({kill_file})")
+    saves, before = [], {}
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if name.startswith("save-rank") and name.endswith(".json"):
+            with open(path) as f:
+                saves.append(json.load(f))
+        elif name.startswith("losses-a0-rank") and name.endswith(".json"):
+            with open(path) as f:
+                rank = int(name[len("losses-a0-rank") : -len(".json")])
+                before[rank] = {int(k): float(v) for k, v in json.load(f).items()}
+    result = analyse_recover(paths, read_kill(kill_file), saves, before)
+    _say(
+        f"  {model:<7}{'recover':<11}{layout.mode:<11}{label}  recovered "
+        f"{result['recover_s']:6.1f} s  (kill -> restart {result['restart_s']:.1f} s, "
+        f"resume {result['resume_s']:.2f} s; run {time.monotonic() - t:5.1f} s)"
+    )
+    return result
 
 
 def _floor(
@@ -229,6 +292,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         model: {
             scenario: {mode: summarize(modes[mode]) for mode in config.modes}
             for scenario, modes in per.items()
+            if scenario != "recover"
         }
         for model, per in raw.items()
     }
@@ -240,6 +304,11 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         }
         for model, per in raw.items()
     }
+    recover = {
+        model: {mode: summarize_recover(per["recover"][mode]) for mode in RECOVER_MODES}
+        for model, per in raw.items()
+        if "recover" in per
+    }
     summary: dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "config": dataclasses.asdict(config),
@@ -250,10 +319,14 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "wall_s": time.monotonic() - t0,
         "results": results,
         "floors": floors,
+        "recover": recover,
+        "recover_plan": dataclasses.asdict(RECOVER),
     }
     summary["table"] = table_rows(results, floors)
+    summary["recover_table"] = recover_rows(recover, results)
     summary["targets"] = [
-        dataclasses.asdict(t) for t in report.targets(summary["table"], config.nproc)
+        dataclasses.asdict(t)
+        for t in report.targets(summary["table"], config.nproc, summary["recover_table"])
     ]
     with open(os.path.join(config.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
@@ -261,7 +334,13 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     report.write_timeline(summary, raw, os.path.join(config.out, "timeline.png"))
     report.write_chrome_trace(raw, os.path.join(config.out, "trace.json"))
     print(report.format_table(summary["table"]))
-    print(report.format_targets(report.targets(summary["table"], config.nproc)))
+    if summary["recover_table"]:
+        print(report.format_recover(summary["recover_table"]))
+    print(
+        report.format_targets(
+            report.targets(summary["table"], config.nproc, summary["recover_table"])
+        )
+    )
     print(f"wall time {summary['wall_s']:.0f} s; outputs in {config.out}/")
     return summary
 
@@ -305,6 +384,23 @@ def run_single(mode: str, model: str, cache: str, config: BenchConfig) -> dict[s
         )
     if cache != "cold" and not os.listdir(layout.primed):
         _say(f"note: {mode} keeps nothing on shared storage; {cache} primed empty")
+    if cache == "recover":
+        if mode == "stock":
+            raise SystemExit(f"the recover scenario runs {' and '.join(RECOVER_MODES)}, not stock")
+        res = _recover(config, layout, model, os.path.join(layout.root, "run-recover"), "")
+        _say(
+            f"{mode} {model} recover, {config.nproc} ranks: time to recover {res['recover_s']:.2f} s"
+            f" (kill -> restarted processes {res['restart_s']:.2f} s, their start-up to the first "
+            f"batch {res['startup_s']:.2f} s, of which the load {res['resume_s']:.2f} s); the "
+            f"save blocked {res['save_blocking_s']:.3f} s, committed in {res['save_commit_s']:.2f} s"
+        )
+        _say(
+            f"  losses after the resume (rank 0): {res['losses'][0]}; the {res['losses_compared']}"
+            " trained before the kill too: "
+            + ("equal, bit for bit" if res["losses_equal"] else "NOT EQUAL")
+        )
+        _say(f"  traces: {os.path.dirname(res['paths'][0])}")
+        return res
     prepare(layout, cache)
     out = os.path.join(layout.root, f"run-{cache}")
     result = analyse_run(run_trainer(_spec(config, layout, model, cache, out)))

@@ -27,6 +27,9 @@ def trainer_args(
     batch_size: int = 256,
     num_workers: int = 1,
     no_compile: bool = False,
+    steps: int = 1,
+    checkpoint_dir: str | None = None,
+    checkpoint_step: int = 0,
 ) -> list[str]:
     """The command-line arguments of ``benchmarks.trainer`` for one run."""
     args = ["--mode", mode, "--model", model, "--cache", cache, "--out", out]
@@ -36,6 +39,10 @@ def trainer_args(
         args += ["--cache-dir", cache_dir]
     if no_compile:
         args.append("--no-compile")
+    if steps != 1:
+        args += ["--steps", str(steps)]
+    if checkpoint_dir:
+        args += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-step", str(checkpoint_step)]
     return args
 
 
@@ -51,6 +58,10 @@ def ttfb(
     batch_size: int = 256,
     num_workers: int = 1,
     no_compile: bool = False,
+    steps: int = 1,
+    checkpoint_dir: Optional[str] = None,
+    checkpoint_step: int = 0,
+    max_restarts: int = 0,
     gpu: int = 0,
     cpu: int = 2,
     memMB: int = 8192,  # noqa: N803 - torchx's spelling
@@ -72,7 +83,8 @@ def ttfb(
             previous run's plan, all in cache_dir) or "fastinit" (fastinit.setup, concurrent
             stages, plan and compile caches in cache_dir)
         model: reference model: tiny, small (26 tables), medium (256), large (1,024)
-        cache: scenario label: cold, new-hosts or same-hosts (the caller arranges the caches)
+        cache: scenario label: cold, new-hosts, same-hosts or recover (the caller arranges the
+            caches, and for recover the fault: benchmarks/faults.py)
         out: directory for the per-rank trace files
         cache_dir: the mode's shared storage (fastinit, stock-best); none: nothing kept
         data_dir: root of the generated synthetic Criteo-style datasets
@@ -81,6 +93,10 @@ def ttfb(
         batch_size: samples per batch and rank
         num_workers: DataLoader worker processes per rank
         no_compile: run the dense arch eagerly (only to keep tests fast)
+        steps: training steps in all (the first batch is the first)
+        checkpoint_dir: checkpoints (``step-<K>/``, ``latest``); a committed one is resumed from
+        checkpoint_step: save a checkpoint after this step (0: never)
+        max_restarts: torchrun's ``--max-restarts``: worker-group restarts after a failure
         gpu: GPUs per host requested from the scheduler
         cpu: CPUs per host requested from the scheduler
         memMB: memory per host requested from the scheduler, in MB
@@ -92,7 +108,18 @@ def ttfb(
         The AppDef: one role of ``nnodes`` replicas running torchrun.
     """
     args = trainer_args(
-        mode, model, cache, out, cache_dir, data_dir, batch_size, num_workers, no_compile
+        mode,
+        model,
+        cache,
+        out,
+        cache_dir,
+        data_dir,
+        batch_size,
+        num_workers,
+        no_compile,
+        steps,
+        checkpoint_dir,
+        checkpoint_step,
     )
     job_env = {"LOGLEVEL": "WARNING", **(env or {})}
     if nnodes == 1:
@@ -109,6 +136,11 @@ def ttfb(
         env=job_env,
         rdzv_port=rdzv_port,
     )
+    if max_restarts:
+        role = app.roles[0]
+        role.args = [
+            a.replace("torchrun ", f"torchrun --max_restarts {max_restarts} ", 1) for a in role.args
+        ]
     if nnodes == 1:
         # One host: rendezvous and store on the loopback address only, free port.
         role = app.roles[0]

@@ -36,6 +36,16 @@ class RunSpec:
     launcher: str = "torchx"
     """"torchx" (the component, local_cwd scheduler) or "torchrun"."""
     timeout_s: float = 1200.0
+    steps: int = 1
+    """Training steps in all."""
+    checkpoint_dir: str | None = None
+    """Checkpoints (resumed from when one is committed)."""
+    checkpoint_step: int = 0
+    """Save after this step (0: never)."""
+    max_restarts: int = 0
+    """torchrun's ``--max-restarts``."""
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Extra environment of the ranks (the fault injection's variables)."""
 
 
 def _env(spec: RunSpec) -> dict[str, str]:
@@ -44,12 +54,14 @@ def _env(spec: RunSpec) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONWARNINGS": "ignore",
         "LOGLEVEL": "WARNING",
+        **spec.env,
     }
 
 
-def _torchrun(nproc: int) -> list[str]:
+def _torchrun(nproc: int, max_restarts: int = 0) -> list[str]:
     return [
         os.path.join(os.path.dirname(sys.executable), "torchrun"),
+        *(["--max-restarts", str(max_restarts)] if max_restarts else []),
         "--nnodes",
         "1",
         "--nproc-per-node",
@@ -109,6 +121,10 @@ def run_trainer(spec: RunSpec) -> list[str]:
             nproc=spec.nproc,
             batch_size=spec.batch_size,
             no_compile=not spec.compile,
+            steps=spec.steps,
+            checkpoint_dir=spec.checkpoint_dir,
+            checkpoint_step=spec.checkpoint_step,
+            max_restarts=spec.max_restarts,
             env=_env(spec),
         )
         ok, detail = _run_torchx(app, spec, env)
@@ -123,8 +139,11 @@ def run_trainer(spec: RunSpec) -> list[str]:
             spec.batch_size,
             1,
             not spec.compile,
+            spec.steps,
+            spec.checkpoint_dir,
+            spec.checkpoint_step,
         )
-        cmd = [*_torchrun(spec.nproc), "-m", "benchmarks.trainer", *args]
+        cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.trainer", *args]
         ok, detail = _run(cmd, {**env, **_env(spec)}, spec)
     return _check(spec, ok, detail, "run")
 

@@ -15,6 +15,12 @@ The scenarios, for every mode alike (:data:`RULES`):
 * ``new-hosts``: a restart on other hosts: ``shared/`` as the previous run left it, ``host/``
   empty;
 * ``same-hosts``: a restart on the same hosts: both as the previous run left them.
+* ``recover``: a failure mid-job (:data:`RECOVER`): the job starts with everything kept (as
+  same-hosts) under torchrun ``--max-restarts 1``, checkpoints after step K, one rank is
+  SIGKILLed after step K + j (:mod:`benchmarks.faults`), torchrun restarts every worker on the
+  same hosts, which find the caches the first attempt left and resume from the checkpoint
+  (``checkpoints/`` beside ``shared/``, emptied before each run). Only stock-best and fastinit
+  run it (:data:`RECOVER_MODES`).
 
 A restart scenario needs a previous run: :func:`prime` (a cold run, untimed) leaves the caches,
 and a snapshot of ``shared/`` (``shared.primed/``) so that every new-hosts run starts from the
@@ -27,15 +33,61 @@ import dataclasses
 import os
 import shutil
 
-__all__ = ["SCENARIOS", "RULES", "Layout", "prepare", "snapshot_primed", "is_primed"]
+__all__ = [
+    "SCENARIOS",
+    "RULES",
+    "RECOVER",
+    "RECOVER_MODES",
+    "Recover",
+    "Layout",
+    "prepare",
+    "snapshot_primed",
+    "is_primed",
+]
 
-SCENARIOS: tuple[str, ...] = ("cold", "new-hosts", "same-hosts")
+SCENARIOS: tuple[str, ...] = ("cold", "new-hosts", "same-hosts", "recover")
+
+#: The modes the recover scenario compares.
+RECOVER_MODES: tuple[str, ...] = ("stock-best", "fastinit")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class Recover:
+    """The failure of the recover scenario."""
+
+    checkpoint_step: int = 2
+    """K: the checkpoint is saved after this step (its write overlaps step K + 1)."""
+    kill_step: int = 4
+    """K + j: the rank is killed right after this step."""
+    steps: int = 6
+    """Steps of the job in all: the restarted workers train K + 1 ... steps."""
+    max_restarts: int = 1
+    """torchrun's ``--max-restarts``."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.checkpoint_step < self.kill_step <= self.steps:
+            raise ValueError("need 1 <= checkpoint_step < kill_step <= steps")
+
+    def kill_rank(self, nproc: int) -> int:
+        """The rank killed: the last (rank 0 may host the store; a failure elsewhere is the
+        common case)."""
+        return nproc - 1
+
+
+RECOVER = Recover()
 
 #: The rules, as the report states them.
 RULES: dict[str, str] = {
     "cold": "nothing anywhere: shared storage and host-local directories empty",
     "new-hosts": "shared storage kept as the previous run left it, host-local directories empty",
     "same-hosts": "everything kept: shared storage and host-local directories",
+    "recover": (
+        f"a failure: the job (everything kept, as same-hosts) runs under torchrun --max-restarts "
+        f"{RECOVER.max_restarts}, checkpoints after step {RECOVER.checkpoint_step}, the last rank "
+        f"is SIGKILLed after step {RECOVER.kill_step}, torchrun restarts every worker on the same "
+        "hosts, which resume from the checkpoint; time to recover: from the kill to the first "
+        "batch after the resume (stock-best and fastinit only)"
+    ),
 }
 
 
@@ -73,6 +125,12 @@ class Layout:
         return os.path.join(self.host, "inductor")
 
     @property
+    def checkpoint_dir(self) -> str:
+        """The job's checkpoints (the recover scenario), beside ``shared/`` so that the snapshot
+        of ``shared/`` never holds one."""
+        return os.path.join(self.root, "checkpoints")
+
+    @property
     def plan_file(self) -> str:
         """stock-best's saved plan (the floor builds from it)."""
         return os.path.join(self.shared, "plan.pt")
@@ -96,9 +154,11 @@ def prepare(layout: Layout, scenario: str) -> None:
             shutil.copytree(layout.primed, layout.shared, symlinks=True)
         os.makedirs(layout.shared, exist_ok=True)
         _empty(layout.host)
-    else:
+    else:  # same-hosts, and recover: the job starts with everything kept
         os.makedirs(layout.shared, exist_ok=True)
         os.makedirs(layout.host, exist_ok=True)
+    if scenario == "recover":  # no checkpoint of an earlier job
+        _empty(layout.checkpoint_dir)
     os.makedirs(layout.inductor_dir, exist_ok=True)
 
 

@@ -27,6 +27,14 @@ moment that first ``progress`` returns; a ``launch`` span covers interpreter sta
   a synthetic fast batch without changing any state; otherwise the first step compiles, as in
   stock, and no extra step is paid.
 
+After a failure (``--checkpoint-dir`` holding a committed checkpoint: the ``recover`` scenario,
+under torchrun ``--max-restarts``), every mode resumes before its first step: a ``resume`` span
+loads the checkpoint the mode's way (:mod:`benchmarks.recovery`; in fastinit mode a stage beside
+the data pipeline) and the data skips to the checkpoint's step. ``--steps`` trains that many
+steps in all (the first batch is still the first ``progress``), ``--checkpoint-step K`` saves
+after step K; :func:`benchmarks.faults.after_step` runs after every step (it kills a rank only
+where the environment arms it). The trace's ``bench`` record carries every step's loss.
+
 Real parts (the same in every mode): DataLoader worker processes, forked once the trainer has
 imported torch and TorchRec (``--worker-start fork``, Linux's default; ``spawn`` re-imports torch
 in every worker) reading a synthetic Criteo-style dataset from files
@@ -47,6 +55,7 @@ _T_IMPORT = time.time()  # before anything heavy: the fallback process start
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import itertools  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -107,6 +116,9 @@ MODELS: dict[str, tuple[int, int, int]] = {
     "large": (768, 256, 2000),
 }
 
+#: The scenario labels (the driver arranges the caches; "recover" also the fault and checkpoints).
+CACHES: tuple[str, ...] = ("cold", "new-hosts", "same-hosts", "recover")
+
 #: The compiled part of the model: its dense arch and over arch.
 COMPILE_TARGETS: tuple[str, ...] = ("dense_arch", "over_arch")
 
@@ -146,6 +158,14 @@ class TrainerConfig:
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
     pg_timeout_s: float = 1800.0
     """Process-group and store timeout."""
+    steps: int = 1
+    """Training steps of the job in all, counted from step 1 (a resumed job goes on from its
+    checkpoint's step)."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (``step-<K>/`` and ``latest``); a committed one found at start is
+    resumed from."""
+    checkpoint_step: int = 0
+    """Save a checkpoint after this step (0: never)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -158,8 +178,12 @@ class TrainerConfig:
             raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {sorted(MODELS)}, got {self.model!r}")
-        if self.cache not in ("cold", "new-hosts", "same-hosts"):
+        if self.cache not in CACHES:
             raise ValueError(f"unknown cache scenario {self.cache!r}")
+        if self.steps < 1 or self.checkpoint_step < 0:
+            raise ValueError("steps must be >= 1 and checkpoint_step >= 0")
+        if self.checkpoint_step and not self.checkpoint_dir:
+            raise ValueError("checkpoint_step needs checkpoint_dir")
 
 
 def process_start_time() -> float:
@@ -200,6 +224,12 @@ class _Trainer:
         self.info: dict[str, Any] = {}
         self.compile_cache: Any = None
         self.plan: Any = None
+        self.model: Any = None
+        self.optimizer: Any = None
+        from benchmarks.recovery import latest
+
+        #: (path, step) of the checkpoint to resume from, or None.
+        self.resume_from = latest(config.checkpoint_dir)
 
     # -- the seven stages ----------------------------------------------------------------------
 
@@ -274,7 +304,10 @@ class _Trainer:
             rank=self.rank,
             world_size=self.world_size,
         )
-        return iter(loader)  # starts the worker processes
+        it = iter(loader)  # starts the worker processes
+        if self.resume_from is not None:  # the batches up to the checkpoint's step were trained
+            it = itertools.islice(it, self.resume_from[1], None)
+        return it
 
     def train_module_creation(self, device: Any) -> tuple[Any, Any]:
         import torch
@@ -321,6 +354,7 @@ class _Trainer:
             from fastinit.warmup import CompileConfig, compile_modules
 
             compile_modules(model, CompileConfig(targets=COMPILE_TARGETS))  # compiles lazily
+        self.model, self.optimizer = model, optimizer
         return model, optimizer
 
     def _saved_plan(self) -> Any:
@@ -349,6 +383,17 @@ class _Trainer:
             if saved is not None and self.info.get("compile_artifacts") != "loaded":
                 data, _ = saved
                 _atomic(os.path.join(root, STOCK_BEST_ARTIFACTS), lambda f: f.write(data))
+
+    def resume(self, built: tuple[Any, Any]) -> tuple[Any, Any]:
+        """Load the checkpoint found at start into the model and optimizer, the mode's way."""
+        from benchmarks.recovery import load
+
+        model, optimizer = built
+        if self.resume_from is not None:
+            path, step = self.resume_from
+            self.info["resume_how"] = load(self.config.mode, path, model, optimizer)
+            self.info["resumed_from_step"] = step
+        return built
 
     def init_plugins(self, built: tuple[Any, Any]) -> Any:
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -437,6 +482,8 @@ class _Trainer:
         stage("process_group_init", self.process_group_init, device)
         it = stage("preproc_creation", self.preproc_creation)
         built = stage("train_module_creation", self.train_module_creation, device)
+        if self.resume_from is not None:
+            stage("resume", self.resume, built)
         pipeline = stage("init_plugins", self.init_plugins, built)
         stage("pre_train", self.pre_train, built)
         first = stage("get_first_batch_data", self.get_first_batch_data, it)
@@ -456,16 +503,70 @@ class _Trainer:
             "init_plugins": self.init_plugins,
             "pre_train": self.pre_train,
         }
+        deps = dict(FASTINIT_DEPS)
+        if self.resume_from is not None:
+            # The load is local (no collective): beside the data pipeline, before the warm-up
+            # (which snapshots and restores the state it runs on).
+            # (Stages are declared after what they depend on.)
+            order = list(stages)
+            order.insert(order.index("train_module_creation") + 1, "resume")
+            stages = {n: self.resume if n == "resume" else stages[n] for n in order}
+            deps["resume"] = ("train_module_creation",)
+            deps["pre_train"] = ("resume",)
         for name, fn in stages.items():
             graph.add(
                 name,
                 _on_device(fn),
-                deps=FASTINIT_DEPS[name],
+                deps=deps[name],
                 after=FASTINIT_AFTER.get(name, ()),
                 collective=name in collective,
             )
         results = graph.run()
         return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
+
+
+def _loss(out: Any) -> float:
+    return float(out[0].detach().float()) if isinstance(out, tuple) else float("nan")
+
+
+def _train_on(
+    trainer: _Trainer, pipeline: Any, data: Any, first: int, losses: dict[int, float]
+) -> None:
+    """After the first step (``first``): the checkpoint and fault hooks for it, then the other
+    steps up to ``--steps``, each followed by the hooks; their losses go into ``losses`` and,
+    after every step, to ``losses-a<attempt>-rank<N>.json`` in the trace directory (a killed
+    attempt's losses survive it: the recover scenario compares them with the resumed ones)."""
+    from benchmarks import faults
+    from benchmarks.recovery import Saver
+    from fastinit import trace
+
+    config = trainer.config
+    saver = (
+        Saver(config.mode, str(config.checkpoint_dir), trainer.rank, config.out)
+        if config.checkpoint_dir and config.checkpoint_step
+        else None
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    record = os.path.join(config.out, f"losses-a{attempt}-rank{trainer.rank}.json")
+    step = first
+    while True:
+        if config.steps > 1:
+            _atomic(record, lambda f: f.write(json.dumps(losses).encode()))
+        if saver is not None and step == config.checkpoint_step:
+            with trace.span("checkpoint_save", step=step):
+                blocking = saver.save(step, trainer.model, trainer.optimizer)
+            trainer.info["save"] = {"step": step, "blocking_s": blocking}
+        if saver is not None and step == config.checkpoint_step + 1:
+            with trace.span("checkpoint_wait", step=step):  # the save overlapped one step
+                saver.wait()
+        faults.after_step(step, trainer.rank)
+        if step >= config.steps:
+            break
+        step += 1
+        with trace.span("step", step=step):
+            losses[step] = _loss(pipeline.progress(data))
+    if saver is not None:
+        saver.wait()
 
 
 def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -572,11 +673,14 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     from fastinit.warmup import compile_count
 
     graphs_before = compile_count()
+    data = itertools.chain([first], it)
+    step = trainer.resume_from[1] + 1 if trainer.resume_from is not None else 1
     with trace.span("first_step"):
-        out = pipeline.progress(itertools.chain([first], it))
+        out = pipeline.progress(data)
     t_first = time.time()
     tracer.mark("first_batch")
-    loss = float(out[0].detach().float()) if isinstance(out, tuple) else float("nan")
+    loss = _loss(out)
+    losses = {step: loss}
     summary: dict[str, Any] = {
         "kind": "bench",
         "rank": trainer.rank,
@@ -614,6 +718,10 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     if config.mode == "stock-best":
         with trace.span("save_for_next_run"):
             trainer.save_for_next_run()
+    _train_on(trainer, pipeline, data, step, losses)
+    summary["losses"] = {str(k): v for k, v in sorted(losses.items())}
+    summary.update({k: trainer.info[k] for k in ("resume_how", "resumed_from_step", "save")
+                    if k in trainer.info})  # fmt: skip
     tracer.record(summary)
     tracer.stop()
     return summary
@@ -623,9 +731,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=MODES, default="fastinit")
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
-    parser.add_argument(
-        "--cache", choices=("cold", "new-hosts", "same-hosts"), default="cold", help="label"
-    )
+    parser.add_argument("--cache", choices=CACHES, default="cold", help="label")
     parser.add_argument("--out", default="bench-out/run", help="per-rank trace directory")
     parser.add_argument(
         "--cache-dir", default=None, help="the mode's shared storage (fastinit, stock-best)"
@@ -636,6 +742,9 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--worker-start", choices=("fork", "spawn"), default="fork")
     parser.add_argument("--warmup", choices=("auto", "fast-batch", "none"), default="auto")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
+    parser.add_argument("--steps", type=int, default=1, help="training steps in all")
+    parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
+    parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
     args = parser.parse_args(argv)
     return TrainerConfig(
         mode=args.mode,
@@ -649,6 +758,9 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         worker_start=args.worker_start,
         warmup=args.warmup,
         compile=not args.no_compile,
+        steps=args.steps,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_step=args.checkpoint_step,
     )
 
 

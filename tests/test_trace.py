@@ -139,3 +139,14 @@ def test_torch_compile_still_compiles_under_an_active_tracer() -> None:
         f(torch.ones(3))
     torch._dynamo.reset()
     assert counter.frame_count == 1, "Dynamo skipped the frame: the tracer's mode blocks compile"
+
+
+def test_a_tracer_patches_no_group_constructor() -> None:
+    from torch.distributed import distributed_c10d as c10d
+
+    before = {name: getattr(c10d, name) for name in ("_new_group_with_tag", "split_group")}
+    before["new_group"] = torch.distributed.new_group
+    with trace.Tracer(comm=True):
+        during = {name: getattr(c10d, name) for name in ("_new_group_with_tag", "split_group")}
+        during["new_group"] = torch.distributed.new_group
+    assert all(during[k] is before[k] for k in before), "the tracer replaced a torch function"

@@ -56,8 +56,9 @@ bench: $(STAMP)
 prime: $(STAMP)
 	$(PY) -m benchmarks.bench --prime $(MODE) $(MODEL) $(CACHE) $(NPROC)
 
-# Exactly one run, starting in scenario CACHE's state (after `make prime` with the same variables);
-# CACHE=recover: one job with a rank killed mid-job and resumed (time to recover).
+# Exactly one run, starting in scenario CACHE's state (a restart scenario: after `make prime` with
+# the same variables; CACHE=cold needs no prime); CACHE=recover: one job with a rank killed mid-job
+# and resumed (time to recover).
 ttfb: $(STAMP)
 	$(PY) -m benchmarks.bench --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
 

@@ -352,15 +352,19 @@ def _single_layout(config: BenchConfig, mode: str, model: str) -> Layout:
     return Layout(root=os.path.join(config.out, "one", f"{mode}-{model}-{config.nproc}"), mode=mode)
 
 
-def prime(mode: str, model: str, cache: str, config: BenchConfig) -> None:
-    """``make prime``: leave the caches of ``cache`` for (mode, model, nproc) in place: the data
-    set, and for a restart scenario one cold run (untimed) whose caches stay."""
+def _ensure_data(config: BenchConfig, model: str) -> None:
     from benchmarks.data import DatasetConfig, ensure_dataset
     from benchmarks.trainer import model_spec
 
+    ensure_dataset(DatasetConfig(spec=model_spec(model)), os.path.join(config.out, "data"))
+
+
+def prime(mode: str, model: str, cache: str, config: BenchConfig) -> None:
+    """``make prime``: leave the caches of ``cache`` for (mode, model, nproc) in place: the data
+    set, and for a restart scenario one cold run (untimed) whose caches stay."""
     if cache not in SCENARIOS:
         raise ValueError(f"unknown scenario {cache!r}; one of {SCENARIOS}")
-    ensure_dataset(DatasetConfig(spec=model_spec(model)), os.path.join(config.out, "data"))
+    _ensure_data(config, model)
     layout = _single_layout(config, mode, model)
     shutil.rmtree(layout.root, ignore_errors=True)
     prepare(layout, "cold")
@@ -375,9 +379,14 @@ def prime(mode: str, model: str, cache: str, config: BenchConfig) -> None:
 
 
 def run_single(mode: str, model: str, cache: str, config: BenchConfig) -> dict[str, Any]:
-    """``make ttfb``: exactly one run, starting in the scenario's state (after ``make prime``)."""
+    """``make ttfb``: exactly one run, starting in the scenario's state (after ``make prime``; the
+    cold scenario has nothing to prime: its run makes the data set if missing and starts empty)."""
+    if cache not in SCENARIOS:
+        raise ValueError(f"unknown scenario {cache!r}; one of {SCENARIOS}")
     layout = _single_layout(config, mode, model)
-    if not is_primed(layout):
+    if cache == "cold":
+        _ensure_data(config, model)
+    elif not is_primed(layout):
         raise SystemExit(
             f"no primed caches for {mode}/{model}/{config.nproc} ranks in {layout.root}: run "
             f"`make prime MODE={mode} MODEL={model} CACHE={cache} NPROC={config.nproc}` first"

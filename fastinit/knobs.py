@@ -7,6 +7,7 @@ manager that restores the previous value in ``finally``, for tests and benchmark
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 
@@ -27,7 +28,7 @@ KNOBS: dict[str, str] = {
     "itself (spans, c10d ops, groups, store ops) and writes `trace-rank<N>.jsonl` here.",
     "FASTINIT_COMPILE_CACHE": "Directory of the compiled-artifact cache used by `fastinit.warmup`.",
     "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
-    "rank raises (default 300).",
+    "rank raises (default 300; a finite number in (0, 86400]).",
     "FASTINIT_TORCHREC_SRC": "A TorchRec source tree at the installed version: `make peer` runs its "
     "model-parallel tests with `fastinit.setup` swapped in, and so does a slow test.",
 }
@@ -58,8 +59,18 @@ def get_torchrec_src() -> str | None:
     return _get("FASTINIT_TORCHREC_SRC")
 
 
+#: The longest ``FASTINIT_COLLECTIVE_TIMEOUT`` accepted: one day. A start-up collective that may
+#: wait longer is a typo (``inf``, ``1e999``), and torch's ``timedelta`` waits overflow past it.
+MAX_COLLECTIVE_TIMEOUT = 86400.0
+
+
 def get_collective_timeout() -> float:
-    """Seconds a start-up collective may wait before raising."""
+    """Seconds a start-up collective may wait before raising.
+
+    Raises:
+        ValueError: the knob is not a finite number of seconds in ``(0, 86400]`` (``nan``,
+            ``inf`` and ``1e999`` included), naming the value.
+    """
     value = _get("FASTINIT_COLLECTIVE_TIMEOUT")
     if value is None:
         return 300.0
@@ -69,8 +80,11 @@ def get_collective_timeout() -> float:
         raise ValueError(
             f"FASTINIT_COLLECTIVE_TIMEOUT must be a number of seconds, got {value!r}"
         ) from e
-    if seconds <= 0:
-        raise ValueError(f"FASTINIT_COLLECTIVE_TIMEOUT must be positive, got {value!r}")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_COLLECTIVE_TIMEOUT:
+        raise ValueError(
+            f"FASTINIT_COLLECTIVE_TIMEOUT must be a finite number of seconds in "
+            f"(0, {MAX_COLLECTIVE_TIMEOUT:g}], got {value!r}"
+        )
     return seconds
 
 

@@ -323,6 +323,7 @@ class Channel:
         self.world_size = dist.get_world_size(pg) if pg is not None else 1
         self.rank = dist.get_rank(pg) if pg is not None else 0
         self.device = comm_device(pg, device)
+        self.timeout = knobs.get_collective_timeout()  # a bad value raises before any message
         self.collectives = 0
         self.bytes = 0
         self.ops: list[str] = []
@@ -336,7 +337,7 @@ class Channel:
         return contextlib.nullcontext()
 
     def _wait(self, work: Any, what: str) -> None:
-        timeout = knobs.get_collective_timeout()
+        timeout = self.timeout
         try:
             work.wait(timedelta(seconds=timeout))
         except Exception as e:

@@ -44,7 +44,7 @@ from torch import nn
 from fastinit import compat, knobs, protocol, trace
 from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
 from fastinit.protocol import Record
-from fastinit.sharding.validate import validate_plan
+from fastinit.sharding.validate import check_unsharded, validate_plan
 
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
@@ -370,6 +370,7 @@ def _prepare(
     local = _Local(record=Record(), structure=structure, sharders=[])
     found: dict[str, Any] = {"seed": 0, "source": "explicit" if plan is not None else None}
     try:
+        check_unsharded(module)  # before the structure of a sharded model misleads the checks
         found["validate"] = _collective_validation_on_leader()
         found["seed"] = protocol.normalize_seed(seed if seed is not None else torch.initial_seed())
         local.sharders = _given_sharders(sharders)
@@ -678,14 +679,11 @@ def _log_summary(
 @contextlib.contextmanager
 def _tracer_from_env() -> Iterator[None]:
     """With ``FASTINIT_TRACE_DIR`` set and no tracer running, trace this ``setup`` call and write
-    ``trace-rank<N>.jsonl`` there."""
+    ``trace-rank<N>.jsonl`` there (a directory that cannot be written: a warning, untraced)."""
     out_dir = knobs.get_trace_dir()
     if out_dir is None or trace.active() is not None:
         yield
         return
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-    tracer = trace.Tracer(rank=rank, out_dir=out_dir).start()
-    try:
+    with trace.traced_to(out_dir, rank):
         yield
-    finally:
-        tracer.stop()

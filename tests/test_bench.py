@@ -236,3 +236,23 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
     for _ in range(2):
         one = bench.main(["--one", "stock-best", "tiny", "new-hosts", "2", *args])
         assert one["ranks"][0]["info"]["saved_plan"] == "loaded"
+
+
+def test_cold_single_run_needs_no_prime(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    """``make ttfb CACHE=cold`` runs without ``make prime`` (there is nothing to prime); a restart
+    scenario still asks for it."""
+    from benchmarks import bench
+
+    ran: list[str] = []
+    monkeypatch.setattr(bench, "_ensure_data", lambda config, model: ran.append("data"))
+    monkeypatch.setattr(bench, "run_trainer", lambda spec: ran.append("run") or spec)
+    monkeypatch.setattr(
+        bench,
+        "analyse_run",
+        lambda run: {"ttfb_s": 1.0, "stages_s": dict.fromkeys(bench.TIMELINE, 0.1), "setup": {}},
+    )
+    config = bench.BenchConfig(out=str(tmp_path), nproc=4)
+    result = bench.run_single("stock", "large", "cold", config)
+    assert result["ttfb_s"] == 1.0 and ran == ["data", "run"]
+    with pytest.raises(SystemExit, match="make prime"):
+        bench.run_single("stock", "large", "same-hosts", config)

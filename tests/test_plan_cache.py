@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -404,3 +405,40 @@ def test_setup_replans_and_replaces_a_plan_that_does_not_fit(tmp_path: Path) -> 
         # before: every rank raised PlanMismatchError, on every restart, until the file was deleted
         assert out["another model"] == 1 and out["a rank outside the world"] == 1, (rank, out)
         assert out["then"] == [], (rank, out)
+
+
+def test_an_empty_plan_cache_means_off_like_the_empty_knob(tmp_path: Path) -> None:
+    with knobs.override(FASTINIT_PLAN_CACHE=str(tmp_path / "env")):
+        assert resolve_cache_dir("") is None  # off: neither the working directory nor the knob
+    with knobs.override(FASTINIT_PLAN_CACHE=""):
+        assert resolve_cache_dir(None) is None
+
+
+def test_put_removes_stale_temporaries_of_dead_writers_only(
+    tmp_path: Path, plan: ShardingPlan
+) -> None:
+    from fastinit.sharding.cache import STALE_TMP_SECONDS
+
+    old = time.time() - STALE_TMP_SECONDS - 60
+    stale = tmp_path / f".{KEY.hex()[:16]}.abc123.tmp"  # a writer SIGKILLed inside put
+    fresh = tmp_path / f".{'0' * 16}.def456.tmp"  # a writer still writing
+    foreign = tmp_path / "mine.tmp"  # not the cache's
+    for p in (stale, fresh, foreign):
+        p.write_bytes(b"partial")
+    for p in (stale, foreign):
+        os.utime(p, (old, old))
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    link = tmp_path / f".{'1' * 16}.link.tmp"
+    link.symlink_to(target)
+    os.utime(link, (old, old), follow_symlinks=False)
+    cache = PlanCache(tmp_path)
+    assert cache.put(KEY, plan)
+    assert not stale.exists()
+    assert fresh.read_bytes() == foreign.read_bytes() == b"partial"
+    assert link.is_symlink() and target.read_bytes() == b"keep"
+    # The next put of an entry already in place cleans up too.
+    stale.write_bytes(b"partial")
+    os.utime(stale, (old, old))
+    assert cache.put(KEY, plan)
+    assert not stale.exists()

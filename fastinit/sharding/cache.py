@@ -9,7 +9,10 @@ where the payload is :func:`fastinit.sharding.codec.encode_plan`'s bytes. Entrie
 temporary file in the same directory and moved into place with ``os.replace``, so a reader sees a
 whole entry or none, however many processes write the same key at once. A corrupt, truncated or
 foreign entry is ignored with a :class:`FastinitCacheWarning` and replaced by the next ``put``.
-The cache never deletes a file and only ever replaces files named like its own entries.
+The cache only ever replaces files named like its own entries, and deletes only its own
+temporaries (``.<16 hex digits>.<random>.tmp``, regular files) older than
+:data:`STALE_TMP_SECONDS`: what a writer killed between ``mkstemp`` and ``os.replace`` left
+behind, removed by the next ``put`` in the directory.
 
 A cached plan is a hint, never an authority: ``get(key, accept=check)`` hands the decoded plan to
 ``check`` (e.g. :func:`fastinit.sharding.validate.validate_plan` for this module and world), and a
@@ -36,9 +39,11 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import stat
 import struct
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -50,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "STALE_TMP_SECONDS",
     "FastinitCacheWarning",
     "PlanCache",
     "plan_bytes_bound",
@@ -62,6 +68,11 @@ _SUFFIX = ".fiplan"
 _PREFIX = struct.Struct(">HH")  # format version, key length
 _PAYLOAD = struct.Struct(">32sQ")  # sha256 of the payload, payload length
 _MAX_KEY_BYTES = 64
+
+#: Age after which a ``put`` removes another writer's temporary file: a write takes milliseconds,
+#: so a temporary this old belongs to a writer that died (1 hour, room for a stalled shared disk).
+STALE_TMP_SECONDS = 3600.0
+_TMP_NAME = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
 
 #: The read bound of ``PlanCache.get`` when the caller gives none (256 MiB).
 DEFAULT_MAX_BYTES = 256 << 20
@@ -100,9 +111,13 @@ class FastinitCacheWarning(UserWarning):
 
 
 def resolve_cache_dir(plan_cache: str | os.PathLike[str] | None) -> str | None:
-    """The plan-cache directory: ``plan_cache`` if given, else ``FASTINIT_PLAN_CACHE``, else None."""
+    """The plan-cache directory: ``plan_cache`` if given, else ``FASTINIT_PLAN_CACHE``, else None.
+
+    An empty ``plan_cache`` (``""``) means off, as an empty ``FASTINIT_PLAN_CACHE`` does (it does
+    not fall back to the knob).
+    """
     if plan_cache is not None:
-        return os.fspath(plan_cache)
+        return os.fspath(plan_cache) or None
     from fastinit import knobs
 
     return knobs.get_plan_cache()
@@ -228,6 +243,7 @@ class PlanCache:
         entry = _entry_bytes(key, encode_plan(plan))
         with contextlib.suppress(_Unusable):
             if _read_regular_file(path, len(entry)) == entry:
+                self._remove_stale_temporaries()
                 return True
         tmp: str | None = None
         try:
@@ -242,6 +258,7 @@ class PlanCache:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             tmp = None
+            self._remove_stale_temporaries()
         except OSError as e:
             warnings.warn(
                 f"fastinit plan cache: cannot write {path} ({e}); continuing without caching",
@@ -254,6 +271,27 @@ class PlanCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
         return True
+
+    def _remove_stale_temporaries(self, max_age: float = STALE_TMP_SECONDS) -> int:
+        """Delete this cache's temporaries older than ``max_age`` seconds; returns how many.
+
+        Only regular files named like :meth:`put`'s temporaries (never a symlink's target, never
+        another file); one that vanishes or cannot be removed meanwhile is skipped.
+        """
+        removed = 0
+        cutoff = time.time() - max_age
+        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
+            for entry in entries:
+                if not _TMP_NAME.fullmatch(entry.name):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
+                except OSError:
+                    continue
+        return removed
 
 
 class _Unusable(Exception):

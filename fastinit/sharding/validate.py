@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from fastinit.errors import PlanMismatchError
+from fastinit.errors import PlanMismatchError, StartupError
 from fastinit.sharding.layout import validate_compact
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
-__all__ = ["validate_plan", "shardable_modules", "count_tables"]
+__all__ = ["validate_plan", "shardable_modules", "count_tables", "check_unsharded"]
 
 _DATA_PARALLEL = "data_parallel"
 
@@ -320,3 +320,24 @@ def _tiling_problem(
         if problem is not None:
             return problem
     return None
+
+
+def check_unsharded(module: nn.Module) -> None:
+    """Raise unless ``module`` is unsharded: no ``DistributedModelParallel`` (``setup``'s own
+    result passed again) and no TorchRec ``ShardedModule`` anywhere in it.
+
+    Raises:
+        StartupError: naming the first such submodule (in ``named_modules`` order, so the
+            outermost) and its class.
+    """
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardedModule
+
+    for name, sub in module.named_modules():
+        if isinstance(sub, DistributedModelParallel | ShardedModule):
+            where = f"submodule {name!r}" if name else "the module itself"
+            raise StartupError(
+                f"fastinit.setup: {where} is already sharded (a {type(sub).__name__}): pass the "
+                "unsharded model, as built (e.g. on the meta device), not the result of "
+                "fastinit.setup or DistributedModelParallel nor a model holding it"
+            )

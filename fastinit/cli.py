@@ -5,6 +5,7 @@
     fastinit plan my_trainer:build_model --world-size 2 --local-world-size 2 --cache plans/
     fastinit report traces/ --out traces/report
     fastinit checkpoint interval --blocking-s 2.5 --mtbf-h 7.9
+    fastinit checkpoint consolidate /ckpt/step-1000
 
 ``fastinit plan`` builds the model from a factory, runs the planner the job would run (fastinit's
 ``FastPlanner`` for the job's topology, or the planner a factory returns), and stores the plan in
@@ -17,6 +18,9 @@ into a timeline picture, a per-stage table and a Perfetto trace (:func:`fastinit
 
 ``fastinit checkpoint interval`` gives the checkpoint interval minimising the work failures lose
 plus the time checkpoints block the loop (:mod:`fastinit.checkpoint.interval`).
+
+``fastinit checkpoint consolidate DIR`` writes DCP's global ``.metadata`` for a fastinit
+checkpoint (:func:`fastinit.checkpoint.consolidate`), after which stock ``dcp.load`` reads it.
 
 The command configures logging for the ``fastinit`` logger only; nothing here touches the root
 logger, so importing this module from a trainer changes nothing.
@@ -500,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--title", help="title of the picture and the table")
     r.set_defaults(run=_cmd_report)
 
-    c = sub.add_parser("checkpoint", help="checkpoint tools: the checkpoint interval")
+    c = sub.add_parser("checkpoint", help="checkpoint tools: the interval, consolidate for DCP")
     csub = c.add_subparsers(dest="checkpoint_command", required=True, metavar="SUBCOMMAND")
     ci = csub.add_parser(
         "interval",
@@ -519,7 +523,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds per training step: the interval in steps too")  # fmt: skip
     ci.add_argument("--json", action="store_true", help="print the result as JSON")
     ci.set_defaults(run=_cmd_checkpoint_interval)
+    cc = csub.add_parser(
+        "consolidate",
+        help="write DCP's global .metadata so stock torch.distributed.checkpoint.load reads it",
+        description="Write DIR/.metadata (DCP's global metadata) from the fastinit index and "
+        "every rank's metadata. CPU only, no process group; can run while training goes on.",
+    )
+    cc.add_argument("dir", help="a committed fastinit checkpoint directory")
+    cc.set_defaults(run=_cmd_consolidate)
     return parser
+
+
+def _cmd_consolidate(args: argparse.Namespace) -> int:
+    from fastinit.checkpoint import CheckpointError, consolidate
+
+    try:
+        path = consolidate(args.dir)
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
+    print(path)
+    return 0
 
 
 def _configure_logging(verbose: int) -> None:

@@ -19,3 +19,8 @@ timeout 150 "$PY" -m examples.gpu_check
 
 # 3. The time-to-first-batch benchmark on NCCL: tiny model, every mode (~2 min).
 timeout 120 "$PY" -m benchmarks.gpu_check
+
+# 4. fastinit.checkpoint on CUDA shards: save(blocking=False) stages into pinned CPU memory,
+#    writes in the background, commits; load back (same plan) bit-equal (~1 min).
+timeout 180 "$PY" -m benchmarks.checkpoint_blocking --device cuda --check --rows 100000 \
+  | tee "$OUT/checkpoint_blocking.json"

@@ -1,8 +1,24 @@
-"""Checkpoints around training: how often to save, and publishing a model from a checkpoint.
+"""Checkpoints indexed by the sharding plan, and how often to save them.
 
-``import fastinit.checkpoint`` loads neither torch nor torchrec: names are imported on first use.
+``import fastinit.checkpoint`` loads neither torch nor torchrec; names are imported on first use.
 
+* :func:`save` — every rank writes its own shards (DCP's ``FileSystemWriter``, ``.distcp``
+  files) and metadata; rank 0 the replicated values and a small index (compact plan, layouts,
+  fingerprint, step/user metadata); :meth:`SaveHandle.wait` commits with one ``all_reduce``.
+  ``blocking=False`` (default) stages into CPU memory and writes in the background.
+* :func:`load` — same plan: each rank reads its own files, 0 collectives; another plan or world
+  size: each rank reads only the stored shards overlapping its new ones (bit-equal to DCP's
+  resharded load); a stock DCP checkpoint loads through ``dcp.load``. Returns a
+  :class:`LoadReport` (mode, bytes and files read).
+* :func:`consolidate` — writes DCP's global ``.metadata`` so stock ``dcp.load`` reads the
+  checkpoint (``fastinit checkpoint consolidate DIR``).
 * :func:`choose_interval` — the checkpoint interval minimising unsaved work plus blocking.
+
+Helpers for tools and benchmarks: :func:`read_index` (the parsed :class:`Index`),
+:func:`rank_dir` (a rank's directory), :func:`flat_target` (the flat state a load fills) and
+:func:`plan_reads` (which files and byte ranges a rank reads, and the mode, without reading
+data), :func:`overlapping` (stored shards overlapping a chunk). The format is described in
+docs/checkpoint.md.
 """
 
 from __future__ import annotations
@@ -11,13 +27,50 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from fastinit.checkpoint.consolidation import consolidate
+    from fastinit.checkpoint.format import CheckpointError, Index, rank_dir, read_index
     from fastinit.checkpoint.interval import IntervalChoice, choose_interval, format_choice
+    from fastinit.checkpoint.loading import LoadReport, ReadPlan, flat_target, load, plan_reads
+    from fastinit.checkpoint.reshard import StoredShard, overlapping
+    from fastinit.checkpoint.saving import SaveHandle, save
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("IntervalChoice", "choose_interval", "format_choice"), "interval"),
+    "save": "saving",
+    "SaveHandle": "saving",
+    "load": "loading",
+    "LoadReport": "loading",
+    "ReadPlan": "loading",
+    "plan_reads": "loading",
+    "flat_target": "loading",
+    "consolidate": "consolidation",
+    "CheckpointError": "format",
+    "Index": "format",
+    "read_index": "format",
+    "rank_dir": "format",
+    "overlapping": "reshard",
+    "StoredShard": "reshard",
 }
 
-__all__ = ["IntervalChoice", "choose_interval", "format_choice"]
+__all__ = [
+    "CheckpointError",
+    "Index",
+    "IntervalChoice",
+    "LoadReport",
+    "ReadPlan",
+    "SaveHandle",
+    "StoredShard",
+    "choose_interval",
+    "consolidate",
+    "flat_target",
+    "format_choice",
+    "load",
+    "overlapping",
+    "plan_reads",
+    "rank_dir",
+    "read_index",
+    "save",
+]
 assert sorted(__all__) == sorted(_EXPORTS)
 
 

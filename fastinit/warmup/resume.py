@@ -3,9 +3,11 @@
 After a failure the job pays start-up again plus the checkpoint load. Loading a
 ``torch.distributed.checkpoint`` (DCP) of the sharded model is independent of the data pipeline,
 so it belongs in the same :class:`~fastinit.warmup.graph.StageGraph`: :func:`resume_stage` gives
-the stage. By default it loads with ``no_dist=True``: every rank reads the checkpoint's metadata
-and its own shards without any collective, so the stage is local and runs on a worker thread
-concurrently with everything else. With ``no_dist=False`` DCP plans the load with collectives and
+the stage. Checkpoints are :mod:`fastinit.checkpoint`'s (indexed by the plan): every rank reads
+its own shards (or, after a re-plan, only the stored shards overlapping its new ones) without
+any collective, so the stage is local and runs on a worker thread concurrently with everything
+else. A stock DCP checkpoint (global ``.metadata``) still loads, with ``dcp.load``: by default
+``no_dist=True`` (no collective); with ``no_dist=False`` DCP plans the load with collectives and
 the stage is put on the collective lane.
 
 Example::
@@ -28,28 +30,20 @@ if TYPE_CHECKING:
 __all__ = ["save_checkpoint", "load_checkpoint", "resume_stage"]
 
 
-def _state(model: nn.Module, optimizers: Mapping[str, Any] | None) -> dict[str, Any]:
-    state: dict[str, Any] = {"model": model.state_dict()}
-    for name, opt in (optimizers or {}).items():
-        if name == "model":
-            raise ValueError("'model' is reserved for the model's state")
-        state[name] = opt.state_dict()
-    return state
-
-
 def save_checkpoint(
     checkpoint_dir: str, model: nn.Module, optimizers: Mapping[str, Any] | None = None
 ) -> None:
-    """Save the (sharded) model and optimizers with DCP; a collective call on every rank.
+    """Save the (sharded) model and optimizers with :func:`fastinit.checkpoint.save`
+    (blocking: written and committed on return); a call on every rank.
 
     Args:
         checkpoint_dir: the checkpoint directory (shared by the ranks).
         model: the model, e.g. a ``DistributedModelParallel``.
         optimizers: name -> optimizer (e.g. ``{"optim": dmp.fused_optimizer}``).
     """
-    import torch.distributed.checkpoint as dcp
+    from fastinit.checkpoint import save
 
-    dcp.save(_state(model, optimizers), checkpoint_id=checkpoint_dir)
+    save(checkpoint_dir, model, optimizers, blocking=True)
 
 
 def load_checkpoint(
@@ -59,19 +53,32 @@ def load_checkpoint(
     *,
     no_dist: bool = True,
 ) -> None:
-    """Load a DCP checkpoint in place into the model and optimizers.
+    """Load a checkpoint in place into the model and optimizers.
+
+    A fastinit checkpoint loads with :func:`fastinit.checkpoint.load` (no collective, same plan
+    or resharded); a stock DCP checkpoint (a global ``.metadata``, no fastinit index) with
+    ``torch.distributed.checkpoint.load``.
 
     Args:
         checkpoint_dir: the checkpoint directory.
         model: the model whose ``state_dict`` (sharded tensors included) receives the values.
         optimizers: name -> optimizer, as given to :func:`save_checkpoint`.
-        no_dist: read without collectives (each rank plans its own reads); False lets DCP
-            coordinate the load across ranks.
+        no_dist: for a stock DCP checkpoint: read without collectives (each rank plans its
+            own reads); False lets DCP coordinate the load across ranks. A fastinit
+            checkpoint never needs a collective.
     """
+    from fastinit.checkpoint import load
+    from fastinit.checkpoint.format import is_fastinit_checkpoint
+
+    if no_dist or is_fastinit_checkpoint(checkpoint_dir):
+        load(checkpoint_dir, model, optimizers)
+        return
     import torch.distributed.checkpoint as dcp
 
-    state = _state(model, optimizers)
-    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=no_dist)
+    from fastinit.checkpoint.state import build_state
+
+    state = build_state(model, optimizers)
+    dcp.load(state, checkpoint_id=checkpoint_dir, no_dist=False)
     model.load_state_dict(state["model"])
     for name, opt in (optimizers or {}).items():
         opt.load_state_dict(state[name])

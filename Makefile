@@ -62,15 +62,25 @@ prime: $(STAMP)
 ttfb: $(STAMP)
 	$(PY) -m benchmarks.bench --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
 
-# Time to first batch projected to 1,024 and 4,096 ranks (SCALE_JSON=scale.json from `make scale`).
+# Time to first batch projected to 1,024 and 4,096 ranks (SCALE_JSON=scale.json from `make scale`;
+# RESUME_JSON=resume-scale.json from `make resume-scale` adds the time to recover).
 projection: $(STAMP)
-	$(PY) -m benchmarks.projection $(if $(SCALE_JSON),--scale-json $(SCALE_JSON))
+	$(PY) -m benchmarks.projection $(if $(SCALE_JSON),--scale-json $(SCALE_JSON)) $(if $(RESUME_JSON),--resume-json $(RESUME_JSON))
 
 # Per-rank setup seconds and peak RSS, stock vs fastinit, 64..8,192 ranks on the fake backend:
 # benchmarks/results/scale/{scale.json,scale.md,scale.png}. SCALE_ARGS="--quick" for a smoke run.
 SCALE_ARGS ?=
 scale: $(STAMP)
 	$(PY) -m benchmarks.scale $(SCALE_ARGS)
+
+# One rank's checkpoint load at 64..8,192 ranks on the fake backend, fastinit (same plan, and
+# resharded from N/2) against stock DCP's .metadata read + load planning:
+# benchmarks/results/resume-scale/. RESUME_SCALE_ARGS="--quick" for a smoke run;
+# "--model-factory mod:fn --plan-factory mod:fn" for a model and explicit plan of your own.
+RESUME_SCALE_ARGS ?=
+.PHONY: resume-scale
+resume-scale: $(STAMP)
+	$(PY) -m benchmarks.resume_scale $(RESUME_SCALE_ARGS)
 
 # Stock TorchRec's start-up, per phase (counts and times).
 baseline: $(STAMP)

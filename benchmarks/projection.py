@@ -371,6 +371,133 @@ def _in_subprocess(fn: str, *args: str, timeout: float = 900) -> Any:
 # -- the projection ----------------------------------------------------------------------------
 
 
+#: The stated checkpoint read bandwidth per host (GB/s): a conservative share of a parallel
+#: file system or a local NVMe read, the floor of every resume below.
+DEFAULT_READ_GBPS = 2.0
+
+
+def _at(points: dict[int, float], n: int) -> float:
+    """``points[n]`` if measured, else the power law fitted through every point."""
+    if n in points:
+        return points[n]
+    c, k = fit_power(list(points), list(points.values()))
+    return c * n**k
+
+
+def read_resume_json(path: str) -> dict[str, dict[int, float]]:
+    """``make resume-scale``'s per-N measurements: fastinit's same-plan load seconds, stock
+    DCP's metadata read + load planning seconds, the measured rank's own bytes, the global
+    ``.metadata`` bytes."""
+    with open(path) as f:
+        data = json.load(f)
+    out: dict[str, dict[int, float]] = {
+        "fastinit_s": {},
+        "stock_s": {},
+        "own_bytes": {},
+        "metadata_bytes": {},
+    }
+    for row in data["rows"]:
+        n = int(row["world_size"])
+        same, stock = row.get("same_plan"), row.get("stock")
+        if isinstance(same, dict) and "seconds" in same:
+            out["fastinit_s"][n] = same["seconds"]
+            out["own_bytes"][n] = same["own_bytes"]
+        if isinstance(stock, dict) and "seconds" in stock:
+            out["stock_s"][n] = stock["seconds"]
+            out["metadata_bytes"][n] = stock["metadata_bytes"]
+    return out
+
+
+def recover_rows(
+    ttfb_rows: Sequence[dict[str, Any]],
+    resume: dict[str, dict[int, float]],
+    *,
+    read_gbps: float,
+    local_world_size: int,
+    ranks: Sequence[int] = (1024, 4096),
+) -> list[dict[str, Any]]:
+    """Time to recover = the projected restart (new hosts) + the resume, per mode and N.
+
+    resume = floor + the measured per-rank load work: the floor is the checkpoint bytes per host
+    (the measured rank's own bytes × ranks per host) over ``read_gbps``; fastinit's work is
+    ``make resume-scale``'s same-plan load (it also read its data, from the page cache: counted
+    twice, so conservative); stock-best's is DCP's ``.metadata`` read + load planning (no plan
+    gather, no data path: a lower bound) plus the ``.metadata`` itself read once per host.
+    """
+    restart = {
+        (r["mode"], r["ranks"]): r["ttfb_s"] for r in ttfb_rows if r["scenario"] == "new-hosts"
+    }
+    out = []
+    for n in ranks:
+        if not resume["own_bytes"]:
+            break
+        per_host = _at(resume["own_bytes"], n) * local_world_size
+        floor = per_host / (read_gbps * 1e9)
+        for mode, work_key in (("stock-best", "stock_s"), ("fastinit", "fastinit_s")):
+            if (mode, n) not in restart or not resume[work_key]:
+                continue
+            work = _at(resume[work_key], n)
+            extra = 0.0
+            if mode == "stock-best":
+                extra = _at(resume["metadata_bytes"], n) / (read_gbps * 1e9)
+            resume_s = floor + work + extra
+            total = restart[(mode, n)] + resume_s
+            out.append(
+                {
+                    "mode": mode,
+                    "ranks": n,
+                    "restart_s": restart[(mode, n)],
+                    "bytes_per_host": per_host,
+                    "floor_s": floor,
+                    "load_work_s": work,
+                    "metadata_read_s": extra,
+                    "resume_s": resume_s,
+                    "recover_s": total,
+                    "beyond_floor_s": total - floor,
+                    "measured": n in resume[work_key],
+                }
+            )
+    return out
+
+
+def format_recover(p: dict[str, Any]) -> str:
+    """Time to recover at scale: restart + resume, beside the bytes-over-bandwidth floor."""
+    rows = p.get("recover_rows") or []
+    if not rows:
+        return ""
+    lines = [
+        f"## Time to recover at scale, projected ({p['model']} model)\n",
+        "Time to recover = the restart on new hosts projected above + the resume: the floor "
+        f"(checkpoint bytes per host over {p['read_gbps']:g} GB/s, the stated read bandwidth; "
+        f"bytes per host = the measured rank's own bytes × {p['local_world_size']} ranks) + one "
+        f"rank's load work measured by `make resume-scale` ({p.get('resume_json')}; fastinit: "
+        "its same-plan `fastinit.checkpoint.load`, which also read its data; stock-best: DCP's "
+        "`.metadata` read and load planning, a lower bound, plus the `.metadata` read once per "
+        "host). A value past the measured world sizes is a power-law fit.\n",
+        "| mode | ranks | restart s | bytes per host | floor s | load work s "
+        "| .metadata read s | resume s | **time to recover s** | beyond the floor s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['mode']} | {r['ranks']} | {r['restart_s']:.1f} | {r['bytes_per_host']:,.0f} "
+            f"| {r['floor_s']:.3f} | {r['load_work_s']:.2f}{'' if r['measured'] else ' (fit)'} "
+            f"| {r['metadata_read_s']:.2f} | {r['resume_s']:.2f} | **{r['recover_s']:.1f}** "
+            f"| {r['beyond_floor_s']:.1f} |"
+        )
+    by = {(r["mode"], r["ranks"]): r for r in rows}
+    goal = by.get(("fastinit", 4096))
+    best = by.get(("stock-best", 4096))
+    if goal is not None:
+        lines.append(
+            f"\nfastinit's restart + resume at 4,096 ranks: {goal['beyond_floor_s']:.1f} s beyond "
+            f"the {goal['floor_s']:.3f} s floor (goal: under 20 s: "
+            f"{'met' if goal['beyond_floor_s'] < 20 else 'not met'})"
+            + (f"; stock-best {best['beyond_floor_s']:.1f} s." if best else ".")
+        )
+    return "\n".join(lines) + "\n"
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class ProjectionConfig:
     """What is measured and projected."""
@@ -396,6 +523,13 @@ class ProjectionConfig:
     scale_json: str | None = None
     """``make scale``'s ``scale.json`` (per-rank local setup on the fake backend, stock and
     fastinit); None: fastinit's own fake-backend measurement here, for every mode."""
+    resume_json: str | None = None
+    """``make resume-scale``'s ``resume-scale.json`` (one rank's checkpoint load, fastinit and
+    stock DCP); None: no time to recover in the report."""
+    read_gbps: float = DEFAULT_READ_GBPS
+    """Checkpoint read bandwidth per host, GB/s (the floor of any resume)."""
+    local_world_size: int = 8
+    """Ranks per host (bytes per host = the measured rank's bytes × this)."""
 
 
 def measurements(model: str, config: ProjectionConfig, *, fake: bool) -> dict[str, Any]:
@@ -553,11 +687,21 @@ def project(config: ProjectionConfig) -> dict[str, Any]:
         "rows": rows,
         "ttfb_rows": ttfb_rows,
     }
+    if config.resume_json:
+        out["resume_json"] = config.resume_json
+        out["read_gbps"] = config.read_gbps
+        out["local_world_size"] = config.local_world_size
+        out["recover_rows"] = recover_rows(
+            ttfb_rows,
+            read_resume_json(config.resume_json),
+            read_gbps=config.read_gbps,
+            local_world_size=config.local_world_size,
+        )
     os.makedirs(config.out, exist_ok=True)
     with open(os.path.join(config.out, "projection.json"), "w") as f:
         json.dump(out, f, indent=1)
     with open(os.path.join(config.out, "projection.md"), "w") as f:
-        f.write(format_ttfb_projection(out) + "\n" + format_projection(out))
+        f.write(format_ttfb_projection(out) + "\n" + format_recover(out) + format_projection(out))
     plot_projection(out, os.path.join(config.out, "projection.png"))
     return out
 
@@ -695,6 +839,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--scale-json", default=None, help="make scale's scale.json (per-rank local setup)"
     )
+    parser.add_argument(
+        "--resume-json",
+        default=None,
+        help="make resume-scale's resume-scale.json (time to recover)",
+    )
+    parser.add_argument("--read-gbps", type=float, default=DEFAULT_READ_GBPS)
     parser.add_argument("--remeasure", action="store_true", help="ignore kept measurements")
     args = parser.parse_args(argv)
     config = ProjectionConfig(
@@ -704,22 +854,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         fabric=args.fabric,
         fake_ranks=tuple(int(x) for x in args.fake_ranks.split(",")),
         scale_json=args.scale_json,
+        resume_json=args.resume_json,
+        read_gbps=args.read_gbps,
         remeasure=args.remeasure,
     )
     result = project(config)
     print(format_ttfb_projection(result))
+    print(format_recover(result))
     print(format_projection(result))
     report = os.path.join(config.out, "report.md")
     if os.path.exists(report):
         with open(report) as f:
             text = f.read()
-        for marker in ("\n## Time to first batch at scale", "\n## Projection to scale"):
+        for marker in (
+            "\n## Time to first batch at scale",
+            "\n## Time to recover at scale",
+            "\n## Projection to scale",
+        ):
             text = text.split(marker)[0]
         text = (
             text.rstrip("\n")
             + "\n\n"
             + format_ttfb_projection(result)
             + "\n"
+            + format_recover(result)
             + format_projection(result)
         )
         with open(report, "w") as f:

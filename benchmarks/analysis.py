@@ -41,6 +41,8 @@ _INFO_KEYS = (
     "warmup_graphs",
     "first_step_graphs",
     "graphs_total",
+    "precompiled_found",
+    "precompiled_served",
     "loss",
     "master_addr",
     "device",
@@ -77,6 +79,11 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
         warm = by_stage.get("pre_train", [])
         setup = [e for stage, evs in by_stage.items() if stage != "pre_train" for e in evs]
         durations = {name: float(s["dur"]) / 1e6 for name, s in by_name.items()}
+        steps = {
+            int(e.get("step", 0)): float(e["dur"]) / 1e6
+            for e in trace.events
+            if e.get("kind") == "span" and e["name"] == "step"
+        }
         ranks.append(
             {
                 "rank": trace.rank,
@@ -89,13 +96,18 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
                 "warmup": comm_counts(warm),
                 "per_stage_c10d": {k: comm_counts(v)["c10d_ops"] for k, v in by_stage.items() if v},
                 "peak_rss_mb": float(bench["peak_rss_mb"]),
+                "steps_s": steps,
                 "info": {k: bench[k] for k in _INFO_KEYS if k in bench},
                 "versions": dict(bench.get("versions", {})),
             }
         )
     worst = max(ranks, key=lambda r: r["ttfb_s"])
     keys = ranks[0]["setup"].keys()
+    # A step ends when its slowest rank ends: per step the max over ranks, then the median.
+    later = sorted(set.intersection(*(set(r["steps_s"]) for r in ranks)))
+    steady = [max(r["steps_s"][k] for r in ranks) for k in later]
     return {
+        "steady_step_s": statistics.median(steady) if steady else float("nan"),
         "ttfb_s": worst["ttfb_s"],
         "stages_s": {s: max(r["stages_s"].get(s, 0.0) for r in ranks) for s in TIMELINE},
         "setup": {k: max(r["setup"][k] for r in ranks) for k in keys},
@@ -157,6 +169,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "setup": {k: med(r["setup"][k] for r in runs) for k in first["setup"]},
         "warmup": {k: med(r["warmup"][k] for r in runs) for k in first["warmup"]},
         "peak_rss_mb": med(r["peak_rss_mb"] for r in runs),
+        "steady_step_s": med(r.get("steady_step_s", float("nan")) for r in runs),
         "setup_by_op": first["setup_by_op"],
         "info": first["ranks"][0]["info"],
     }
@@ -215,6 +228,14 @@ def table_rows(results: Mapping[str, Any], floors: Mapping[str, Any]) -> list[di
                     "stock_rss": s["peak_rss_mb"],
                     "best_rss": b["peak_rss_mb"],
                     "fastinit_rss": f["peak_rss_mb"],
+                    "fastinit_first_step_s": f["stages_s"].get("first_step", nan),
+                    "fastinit_steady_step_s": f.get("steady_step_s", nan),
+                    "best_first_step_s": b["stages_s"].get("first_step", nan),
+                    "best_steady_step_s": b.get("steady_step_s", nan),
+                    "first_vs_steady": ratio(
+                        f["stages_s"].get("first_step", nan), f.get("steady_step_s", nan)
+                    ),
+                    "precompiled_served": f.get("info", {}).get("precompiled_served", 0),
                 }
             )
     return rows

@@ -85,6 +85,9 @@ class BenchConfig:
     """Compile the dense arch (off only for tests)."""
     batch_size: int = 256
     """Samples per batch and rank."""
+    steps: int = 3
+    """Training steps per run: the first gives the time to first batch, the later ones (after
+    it, not timed into it) a steady-state compiled step to set the first one against."""
     timeout_s: float = 1200.0
     """Per-run timeout."""
 
@@ -119,6 +122,7 @@ def _spec(config: BenchConfig, layout: Layout, model: str, scenario: str, out: s
         compile=config.compile,
         launcher=config.launcher,
         timeout_s=config.timeout_s,
+        steps=config.steps,
     )
 
 
@@ -436,6 +440,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-floor", action="store_true", help="skip the floor runs")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="steps per run (the later ones: a steady step)"
+    )
     single = parser.add_mutually_exclusive_group()
     single.add_argument(
         "--one",
@@ -468,6 +475,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         floor=not args.no_floor,
         compile=not args.no_compile,
         timeout_s=args.timeout,
+        steps=args.steps,
     )
     if single:
         mode, model, cache, _ = single

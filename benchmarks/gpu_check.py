@@ -4,8 +4,10 @@
 
 Every mode (stock, stock-best, fastinit), cold and same-hosts, one repeat, the tiny model with its
 dense arch compiled, as many ranks as this host has GPUs (NCCL), plus the floor; fails if any run
-fails or a run's trace shows it did not run on CUDA. Prepared without a GPU at hand: run it on the
-first GPU host.
+fails or a run's trace shows it did not run on CUDA, and unless fastinit's same-hosts restart ran
+every compiled target from its precompiled form (Triton kernels saved by the cold run;
+:mod:`fastinit.warmup.precompile`) with no Dynamo trace. Prepared without a GPU at hand: run it on
+the first GPU host.
 """
 
 from __future__ import annotations
@@ -54,7 +56,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise SystemExit(
                         f"gpu_check: {mode} ran on {info.get('device')} / {info.get('backend')}"
                     )
-    print(f"gpu_check: {nproc} GPU rank(s), every mode reached its first batch")
+    from benchmarks.trainer import COMPILE_TARGETS
+
+    for model, per in summary["results"].items():
+        info = per["same-hosts"]["fastinit"]["info"]
+        served, graphs = info.get("precompiled_served"), info.get("first_step_graphs")
+        if served != len(COMPILE_TARGETS) or graphs != 0 or info.get("warmup_graphs", 0) != 0:
+            raise SystemExit(
+                f"gpu_check: {model} same-hosts: precompiled targets served {served} of "
+                f"{len(COMPILE_TARGETS)}, graphs traced: first step {graphs}, warm-up "
+                f"{info.get('warmup_graphs')} (expected all served, none traced)"
+            )
+    print(
+        f"gpu_check: {nproc} GPU rank(s), every mode reached its first batch; the restart ran "
+        "the precompiled targets with no Dynamo trace"
+    )
     return summary
 
 

@@ -17,7 +17,8 @@ timeout 240 "$PY" -m scripts.gpu_check --out "$OUT"
 # 2. fastinit.warmup on CUDA: per-thread device, warm-up, the compile cache with Triton (~2 min).
 timeout 150 "$PY" -m examples.gpu_check
 
-# 3. The time-to-first-batch benchmark on NCCL: tiny model, every mode (~2 min).
+# 3. The time-to-first-batch benchmark on NCCL: tiny model, every mode; fastinit's same-hosts
+#    restart must run its compiled targets from their precompiled form, no Dynamo trace (~2 min).
 timeout 120 "$PY" -m benchmarks.gpu_check
 
 # 4. fastinit.checkpoint on CUDA shards: save(blocking=False) stages into pinned CPU memory,

@@ -126,7 +126,7 @@ def _fake_mode(ttfb: float, ops: int = 1) -> dict[str, Any]:
 
 def test_table_rows_and_targets() -> None:
     from benchmarks.analysis import table_rows
-    from benchmarks.report import format_table, format_targets, targets
+    from benchmarks.report import format_first_step, format_table, format_targets, targets
 
     results = {
         "large": {
@@ -138,7 +138,7 @@ def test_table_rows_and_targets() -> None:
             "new-hosts": {
                 "stock": _fake_mode(100.0),
                 "stock-best": _fake_mode(20.0),
-                "fastinit": _fake_mode(17.0),
+                "fastinit": _fake_mode(17.0) | {"steady_step_s": 0.05},
             },
         }
     }
@@ -153,7 +153,10 @@ def test_table_rows_and_targets() -> None:
         ("large / cold, 4 ranks: fastinit / stock", 0.3): True,
         ("large / new-hosts, 4 ranks: fastinit / stock-best", 1.0): True,
         ("large / new-hosts, 4 ranks: fastinit / stock-best", 0.8): False,
+        ("large / new-hosts, 4 ranks: fastinit first step / steady-state step", 1.5): False,
     }
+    assert restart["first_vs_steady"] == pytest.approx(2.0)
+    assert "| large | new-hosts | 0.10 | 0.05 | **2.00** |" in format_first_step(rows)
     assert not any(t.limit in (0.3, 0.8) for t in targets(rows, nproc=2))
     assert "| large | new-hosts | 100.0 | 20.0 | 17.0 | – | **0.85** |" in format_table(rows)
     assert "**no**" in format_targets(targets(rows, nproc=4))
@@ -227,6 +230,8 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
         report = f.read()
     assert "fastinit / stock-best" in report and "| tiny | same-hosts |" in report
     assert "## Targets" in report and "floor pieces" in report
+    assert "First compiled step against a steady-state compiled step" in report
+    assert res["same-hosts"]["fastinit"]["steady_step_s"] > 0  # the steps after the first
 
     # make prime, then make ttfb twice: each one run, starting from the primed state.
     args = ["--out", out, "--no-compile", "--launcher", "torchrun"]

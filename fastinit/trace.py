@@ -7,16 +7,18 @@ One :class:`Tracer` per process records, with wall-clock timestamps:
   :class:`~torch.utils._python_dispatch.TorchDispatchMode`, so ops issued from C++ (DDP's
   reducer, ``ShardedTensor``) are counted as well as ours;
 * every process group created (``new_group``, ``split_group``, ``new_subgroups``, device meshes):
-  its ranks and whether this rank is a member, read from torch's own group registry
-  (:func:`_group_registry`) at the next event, window or summary — nothing is patched;
+  its ranks and whether this rank is a member. This is the one thing a tracer patches:
+  ``distributed_c10d._new_group_with_tag`` and ``split_group`` are wrapped while it runs and
+  restored by :meth:`Tracer.stop`, because torch keeps nothing of a group a rank is not a member
+  of (no hook, no registry entry: only a counter), so a non-member's creation and its ranks are
+  seen nowhere else;
 * every store operation (set/get/add/wait/compare_set/...) with bytes, through
   :class:`CountingStore`, a Python store that wraps the real one (C++ callers such as gloo's
   rendezvous go through it too);
 * named spans: :func:`span`, one primitive used as a context manager or a decorator.
 
 Nothing is installed unless a tracer is started: with no active tracer, :func:`span` costs one
-global lookup and nothing is pushed. A tracer patches nothing either: it pushes a dispatch mode
-and wraps the stores it is given.
+global lookup and nothing is patched or pushed.
 
 Example::
 
@@ -202,7 +204,7 @@ class Tracer:
     Args:
         rank: this process's global rank; read from ``RANK`` when None.
         out_dir: where ``trace-rank<rank>.jsonl`` is written on :meth:`stop` (None: nowhere).
-        comm: count c10d ops and group creations (spans only when False).
+        comm: count c10d ops and patch group creation (spans only when False).
     """
 
     def __init__(self, rank: int | None = None, out_dir: str | None = None, *, comm: bool = True):
@@ -212,10 +214,7 @@ class Tracer:
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._modes: dict[int, Any] = {}
-        self._world: Any = None  # torch's group registry, watched while comm is on
-        self._seen_groups: set[tuple[str, int]] = set()
-        self._group_count = 0
-        self._default_group: Any = None
+        self._patches: list[tuple[Any, str, Any]] = []
         self._stores: list[Any] = []
         self._started = False
 
@@ -228,7 +227,7 @@ class Tracer:
         _ACTIVE = self
         self._started = True
         if self.comm:
-            self._watch_groups()
+            self._patch_group_creation()
             self._push_mode()
         return self
 
@@ -239,8 +238,9 @@ class Tracer:
         self._started = False
         if self.comm:
             self._pop_mode()
-            self._observe_groups()
-            self._world = None
+            for obj, attr, old in reversed(self._patches):
+                setattr(obj, attr, old)
+            self._patches.clear()
         _ACTIVE = None
         if self.out_dir is not None:
             self.write(self.out_dir)
@@ -278,12 +278,8 @@ class Tracer:
 
     # -- recording -----------------------------------------------------------------------------
 
-    def record(self, event: dict[str, Any], *, observe: bool = True) -> None:
-        """Append ``event``; first, unless ``observe`` is False, the groups created since the last
-        look (store operations pass False: a group's rendezvous runs before torch registers it)."""
+    def record(self, event: dict[str, Any]) -> None:
         with self._lock:
-            if observe and self._world is not None:
-                self._observe_groups_locked()
             self.events.append(event)
 
     @contextlib.contextmanager
@@ -303,8 +299,6 @@ class Tracer:
                     yield out
         finally:
             with self._lock:
-                if self._world is not None:
-                    self._observe_groups_locked()
                 events = self.events[start:]
             out.update(summarize(events))
 
@@ -321,95 +315,65 @@ class Tracer:
         self._stores.append(wrapped)
         return wrapped
 
-    def _watch_groups(self) -> None:
-        self._world = _group_registry()
-        if self._world is None:
-            return
-        self._seen_groups = {(name, id(pg)) for pg, name in self._world.pg_names.items()}
-        self._group_count = self._world.group_count
-        self._default_group = getattr(self._world, "default_pg", None)
+    def _patch_group_creation(self) -> None:
+        from torch.distributed import distributed_c10d as c10d
 
-    def _observe_groups(self) -> None:
-        with self._lock:
-            if self._world is not None:
-                self._observe_groups_locked()
+        tracer = self
 
-    def _observe_groups_locked(self) -> None:
-        """Record the groups torch registered since the last look (caller holds the lock).
+        def patch(name: str, api: str) -> None:
+            original = getattr(c10d, name)
 
-        torch names a group either by a counter it bumps on every rank, member or not
-        (``new_group`` without local synchronisation; ``init_process_group``'s default group), or
-        by a hash of its ranks (``new_group(use_local_synchronization=True)``, ``split_group``),
-        which only members register. Each new registered group is one member event; counter steps
-        no registered group accounts for are groups this rank is not a member of (their ranks are
-        not kept by torch on a non-member: recorded as ``[]``). Looked at on spans, c10d ops,
-        marks, windows and summaries, never mid-creation on the creating thread (a group's
-        rendezvous runs on the store, before torch registers it); the timestamp is that of the
-        look, not of the creation.
-        """
-        world = self._world
-        names = world.pg_names
-        count = world.group_count
-        default = getattr(world, "default_pg", None)
-        if (
-            count == self._group_count
-            and len(names) == len(self._seen_groups)
-            and default is self._default_group
-        ):
-            return
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                ts, t0 = _now_us(), time.perf_counter()
+                group = original(*args, **kwargs)
+                tracer._record_group(api, args, kwargs, group, ts, t0)
+                return group
+
+            self._patches.append((c10d, name, original))
+            setattr(c10d, name, wrapper)
+
+        patch("_new_group_with_tag", "new_group")
+        patch("split_group", "split_group")
+
+    def _record_group(
+        self, api: str, args: tuple, kwargs: dict, group: Any, ts: float, t0: float
+    ) -> None:
         import torch.distributed as dist
 
-        ts = _now_us()
-        if count < self._group_count:  # the default group was destroyed: torch restarts at 0
-            self._group_count = 0
-        current = {(name, id(pg)): pg for pg, name in names.items()}
-        self._seen_groups &= current.keys()  # destroyed groups are forgotten
-        counted = 0
-        for key, pg in current.items():
-            if key in self._seen_groups:
-                continue
-            self._seen_groups.add(key)
-            numbered = str(key[0]).isdigit()
-            counted += numbered
-            if pg is default:
-                continue
-            self.events.append(
-                {
-                    "kind": "group",
-                    "name": "new_group",
-                    "ranks": sorted(dist.get_process_group_ranks(pg)),
-                    "splits": 1,
-                    "member": True,
-                    "local_sync": not numbered,
-                    "ts": ts,
-                    "dur": 0.0,
-                    "tid": threading.get_ident(),
-                }
-            )
-        for _ in range(max(0, count - self._group_count - counted)):
-            self.events.append(
-                {
-                    "kind": "group",
-                    "name": "new_group",
-                    "ranks": [],
-                    "splits": 1,
-                    "member": False,
-                    "local_sync": False,
-                    "ts": ts,
-                    "dur": 0.0,
-                    "tid": threading.get_ident(),
-                }
-            )
-        self._group_count = count
-        self._default_group = default
+        rank = dist.get_rank() if dist.is_initialized() else self.rank
+        if api == "new_group":
+            ranks = kwargs.get("ranks", args[0] if args else None)
+            ranks_list = list(range(dist.get_world_size())) if ranks is None else sorted(ranks)
+            groups = [ranks_list]
+            local_sync = bool(kwargs.get("use_local_synchronization", False))
+        else:
+            groups = [
+                sorted(r)
+                for r in (kwargs.get("split_ranks", args[1] if len(args) > 1 else []) or [])
+            ]
+            ranks_list = next((g for g in groups if rank in g), [])
+            local_sync = True
+        member = group is not None and group is not dist.GroupMember.NON_GROUP_MEMBER
+        self.record(
+            {
+                "kind": "group",
+                "name": api,
+                "ranks": ranks_list,
+                "splits": len(groups),
+                "member": member,
+                "local_sync": local_sync,
+                "ts": ts,
+                "dur": (time.perf_counter() - t0) * 1e6,
+                "tid": threading.get_ident(),
+            }
+        )
 
     # -- results -------------------------------------------------------------------------------
 
     def summary(self, since: float | None = None) -> dict[str, Any]:
         """Counts per kind of event; ``since`` (an event timestamp in µs) keeps only later events."""
         with self._lock:
-            if self._world is not None:
-                self._observe_groups_locked()
             events = [e for e in self.events if since is None or e["ts"] >= since]
         return summarize(events)
 
@@ -515,25 +479,6 @@ def summarize(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _group_registry() -> Any:
-    """torch's process-group registry (``distributed_c10d._world``), or None without c10d.
-
-    Read only: its ``pg_names`` (group -> name) and ``group_count`` (the counter torch names
-    numbered groups by) are how the tracer sees groups created without wrapping torch's
-    functions. The one private torch name the tracer touches.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return None
-    from torch.distributed import distributed_c10d as c10d
-
-    world = getattr(c10d, "_world", None)
-    if world is None or not hasattr(world, "pg_names") or not hasattr(world, "group_count"):
-        return None
-    return world
-
-
 def _store_base() -> type:
     import torch.distributed as dist
 
@@ -572,8 +517,7 @@ def _counting_store_class() -> type:
                     "ts": ts,
                     "dur": (time.perf_counter() - t0) * 1e6,
                     "tid": threading.get_ident(),
-                },
-                observe=False,
+                }
             )
             return result
 

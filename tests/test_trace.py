@@ -141,12 +141,13 @@ def test_torch_compile_still_compiles_under_an_active_tracer() -> None:
     assert counter.frame_count == 1, "Dynamo skipped the frame: the tracer's mode blocks compile"
 
 
-def test_a_tracer_patches_no_group_constructor() -> None:
+def test_a_tracer_wraps_the_group_constructors_only_while_it_runs() -> None:
     from torch.distributed import distributed_c10d as c10d
 
-    before = {name: getattr(c10d, name) for name in ("_new_group_with_tag", "split_group")}
-    before["new_group"] = torch.distributed.new_group
+    names = ("_new_group_with_tag", "split_group")
+    before = {name: getattr(c10d, name) for name in names}
     with trace.Tracer(comm=True):
-        during = {name: getattr(c10d, name) for name in ("_new_group_with_tag", "split_group")}
-        during["new_group"] = torch.distributed.new_group
-    assert all(during[k] is before[k] for k in before), "the tracer replaced a torch function"
+        assert all(getattr(c10d, name) is not before[name] for name in names)
+    assert all(getattr(c10d, name) is before[name] for name in names), "not restored"
+    with trace.Tracer(comm=False):  # spans only: nothing wrapped
+        assert all(getattr(c10d, name) is before[name] for name in names)

@@ -153,6 +153,9 @@ class TrainerConfig:
     state restored, beside the data pipeline), "none" (the first step compiles, as stock), or
     "auto": the fast-batch warm-up only where the host has a spare core per rank to overlap it
     with (on a host with a core per rank it is an extra step on the critical path)."""
+    precompile: bool = True
+    """fastinit: compile the targets ahead of time and keep that form in the compile cache, so a
+    warm restart's first step runs without a Dynamo trace (:mod:`fastinit.warmup.precompile`)."""
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
@@ -420,19 +423,19 @@ class _Trainer:
             WarmupConfig,
             compile_modules,
             fast_batch,
-            module_fingerprint,
             schema_from_batch,
             warm_up,
         )
 
-        compile_config = CompileConfig(targets=COMPILE_TARGETS) if self.config.compile else None
+        compile_config = (
+            CompileConfig(targets=COMPILE_TARGETS, precompile=self.config.precompile)
+            if self.config.compile
+            else None
+        )
         if compile_config is not None and self.config.cache_dir:
-            root = model.module
-            fingerprint = module_fingerprint(
-                [root.get_submodule(t) for t in COMPILE_TARGETS], {"backend": "inductor"}
-            )
-            self.compile_cache = CompileCache(
-                fingerprint,
+            self.compile_cache = CompileCache.for_targets(
+                model,
+                compile_config,
                 CompileCacheConfig(
                     directory=os.path.join(self.config.cache_dir, "compile"),
                     device=_device_of_env().type,
@@ -441,6 +444,7 @@ class _Trainer:
             restored = self.compile_cache.restore()
             self.info["compile_cache"] = restored.status
             self.info["compile_cache_restore_s"] = restored.seconds
+            self.info["precompiled_found"] = restored.precompiled
         warmup = self.config.warmup
         if warmup == "auto":
             warmup = "fast-batch" if _cores_per_rank() >= 2 else "none"
@@ -449,7 +453,7 @@ class _Trainer:
             # Nothing to overlap the compilation with: let the first step compile (from the
             # compile cache's Inductor directory when it hit) instead of paying an extra step.
             if compile_config is not None:
-                compile_modules(model, compile_config)
+                compile_modules(model, compile_config, self.compile_cache)
             return None
         device = torch.device("cuda", self.local_rank) if torch.cuda.is_available() else None
         # The warm-up batch has the form of the pipeline's batches (this trainer's Batch type,
@@ -460,7 +464,11 @@ class _Trainer:
             device or torch.device("cpu"),
         )
         report = warm_up(
-            model, batch, optimizers=[optimizer], config=WarmupConfig(compile=compile_config)
+            model,
+            batch,
+            optimizers=[optimizer],
+            config=WarmupConfig(compile=compile_config),
+            compile_cache=self.compile_cache,
         )
         self.info["warmup_graphs"] = report.graphs_compiled
         self.info["warmup_s"] = report.seconds
@@ -711,6 +719,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
         if confirmed is not None:
             trainer.info["compile_cache"] = confirmed.status
             summary["compile_cache"] = confirmed.status
+            summary["precompiled_served"] = confirmed.precompiled_served
         if trainer.local_rank == 0 and trainer.info.get("compile_cache") != "hit":
             with trace.span("compile_cache_save"):
                 summary["compile_cache_saved"] = trainer.compile_cache.save()
@@ -745,6 +754,9 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--steps", type=int, default=1, help="training steps in all")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
     parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
+    parser.add_argument(
+        "--no-precompile", action="store_true", help="fastinit: plain torch.compile, no AOT form"
+    )
     args = parser.parse_args(argv)
     return TrainerConfig(
         mode=args.mode,
@@ -761,6 +773,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         steps=args.steps,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_step=args.checkpoint_step,
+        precompile=not args.no_precompile,
     )
 
 

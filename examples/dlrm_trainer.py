@@ -49,6 +49,9 @@ class TrainerConfig:
     """``torch.compile`` backend ("aot_eager" compiles in a fraction of the time)."""
     compile_cache: str | None = None
     """Directory of the compile cache (None: ``FASTINIT_COMPILE_CACHE`` or off)."""
+    precompile: bool = False
+    """Keep the compiled targets' ahead-of-time form in the compile cache: a restart runs them
+    without a Dynamo trace (``CompileConfig(precompile=True)``)."""
     reverse_pipeline_order: bool = True
     """The data pipeline presents the features in the reverse of the model's table order."""
     seed: int = 0
@@ -173,7 +176,9 @@ class Trainer:
         self.info["schema"] = schema
         if not self.config.warmup:
             return None
-        compile_config = CompileConfig(targets=COMPILE_TARGETS, backend=self.config.backend)
+        compile_config = CompileConfig(
+            targets=COMPILE_TARGETS, backend=self.config.backend, precompile=self.config.precompile
+        )
         cache = CompileCache.for_targets(
             model,
             compile_config,
@@ -186,9 +191,12 @@ class Trainer:
                 batch,
                 pipeline=pipeline,
                 config=WarmupConfig(compile=compile_config),
+                compile_cache=cache,
             )
             cache.save()
         self.info["compile_cache"] = restored.status
+        self.info["precompiled"] = {t.path: t.status for t in cache.precompiled_targets}
+        self.info["precompiled_reasons"] = {t.path: t.reason for t in cache.precompiled_targets}
         self.info["warmup_s"] = report.seconds
         self.info["snapshot_bytes"] = report.snapshot_bytes
         return report
@@ -267,12 +275,14 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--compile-cache", default=None)
     parser.add_argument("--no-warmup", action="store_true")
+    parser.add_argument("--precompile", action="store_true", help="keep the AOT-compiled form")
     args = parser.parse_args()
     config = TrainerConfig(
         steps=args.steps,
         backend=args.backend,
         compile_cache=args.compile_cache,
         warmup=not args.no_warmup,
+        precompile=args.precompile,
     )
     result = train(config)
     print(f"rank {os.environ.get('RANK', '0')}: {result}")

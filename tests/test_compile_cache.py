@@ -236,3 +236,109 @@ def test_inductor_on_a_read_only_entry(tmp_path: Any) -> None:
     warm = job(prefix)
     assert (warm["status"], warm["read_only"]) == ("hit", True), warm
     assert warm["hits"] >= 1 and warm["warnings"] == [], warm
+
+
+# -- precompiled targets -----------------------------------------------------------------------
+
+
+def _precompile_job(cache_dir: str, swap: bool = False) -> dict[str, Any]:
+    """Three training steps of a model with two compile targets, from the same initial state,
+    with ``CompileConfig(precompile=True)``; ``swap``: the entry's index names each target's
+    artifact as ``dense``'s too (a stale or foreign artifact: its guards must refuse it)."""
+    import json
+
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    from fastinit.warmup import CompileCache, CompileCacheConfig, CompileConfig, compile_modules
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 8))
+            self.over = nn.Sequential(nn.Linear(8, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.over(self.dense(x)).squeeze(-1)
+
+    torch.manual_seed(0)
+    model = Model()
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    config = CompileConfig(targets=("dense", "over"), backend="aot_eager", precompile=True)
+    cache = CompileCache.for_targets(model, config, CompileCacheConfig(directory=cache_dir))
+    if swap:
+        assert cache.path is not None
+        index_path = os.path.join(cache.path, "precompiled.json")
+        with open(index_path) as f:
+            index = json.load(f)
+        targets = index["targets"]
+        targets["dense"] = targets["over"]
+        with open(index_path, "w") as f:
+            json.dump(index, f)
+    restored = cache.restore()
+    found = restored.precompiled
+    compile_modules(model, config, cache)
+    generator = torch.Generator().manual_seed(1)
+    losses, graphs = [], []
+    for step in range(3):
+        before = int(counters["stats"]["unique_graphs"])
+        loss = (model(torch.randn(16 + step, 13, generator=generator)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        graphs.append(int(counters["stats"]["unique_graphs"]) - before)
+    cache.confirm()
+    saved = cache.save()
+    cache.close()
+    return {
+        "losses": losses,
+        "graphs": graphs,
+        "found": found,
+        "served": restored.precompiled_served,
+        "status": restored.status,
+        "saved": saved,
+        "targets": {t.path: t.status for t in cache.precompiled_targets},
+    }
+
+
+def _precompile_jobs(cache_dir: str) -> list[dict[str, Any]]:
+    return [
+        _precompile_job(cache_dir),
+        _precompile_job(cache_dir),
+        _precompile_job(cache_dir, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    "fresh",
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["one-process", "fresh-processes"],
+)
+def test_a_warm_restart_runs_the_precompiled_targets_without_tracing(
+    tmp_path: Any, fresh: bool
+) -> None:
+    from fastinit.testing.dist import run_ranks
+
+    cache_dir = str(tmp_path / "cc")
+    if fresh:  # each job its own process, as restarts are
+        first, warm, swapped = (
+            run_ranks(_precompile_job, 1, args=(cache_dir, swap), init_pg=False, timeout=240)[0]
+            for swap in (False, False, True)
+        )
+    else:  # the loaded path never enters Dynamo, so one process shows it as well (and faster)
+        first, warm, swapped = run_ranks(
+            _precompile_jobs, 1, args=(cache_dir,), init_pg=False, timeout=240
+        )[0]
+    # The first job compiles both targets ahead of time, trains on them and saves them.
+    assert first["found"] == 0 and first["graphs"][0] == 2 and first["saved"], first
+    assert first["targets"] == {"dense": "compiled", "over": "compiled"}
+    # The next loads them: no Dynamo trace at all, and the same losses bit for bit.
+    assert warm["found"] == 2 and warm["graphs"] == [0, 0, 0], warm
+    assert (warm["status"], warm["served"]) == ("hit", 2), warm
+    assert warm["losses"] == first["losses"], (first["losses"], warm["losses"])
+    # ``over``'s artifact named for ``dense`` too: its guards refuse it, dense is compiled anew.
+    assert swapped["targets"] == {"dense": "compiled", "over": "hit"}, swapped
+    assert swapped["graphs"][0] == 1 and swapped["served"] == 1, swapped
+    assert swapped["losses"] == first["losses"]

@@ -86,6 +86,8 @@ _FORMAT = 1
 _ARTIFACTS = "artifacts.bin"
 _META = "meta.json"
 _INDUCTOR = "inductor"
+_PRECOMPILED = "precompiled"
+_PRECOMPILED_META = "precompiled.json"
 _ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
@@ -121,6 +123,11 @@ class CacheRestore:
     """Graphs Inductor served from its cache between restore and confirm."""
     reason: str = ""
     """Why the entry was not used, when it was not."""
+    precompiled: int = 0
+    """Targets whose precompiled form (:mod:`fastinit.warmup.precompile`) the entry held."""
+    precompiled_served: int = 0
+    """After :meth:`CompileCache.confirm`: targets whose saved precompiled form served calls
+    (no Dynamo trace)."""
     read_only: bool = False
     """The entry could not be written (a read-only mount): Inductor worked on a private copy of
     its directory, and :meth:`CompileCache.save` writes nothing."""
@@ -248,6 +255,8 @@ class CompileCache:
         self._restored: CacheRestore | None = None
         self._hits_at_restore = 0
         self._copy: str | None = None
+        self._precompiled: dict[str, bytes] = {}
+        self._targets: list[Any] = []
         self.read_only = False
         """The entry cannot be written (a read-only mount): it is read, never saved to."""
 
@@ -271,6 +280,7 @@ class CompileCache:
             "mode": compile_config.mode,
             "fullgraph": compile_config.fullgraph,
             "batch_dim": compile_config.batch_dim,
+            "precompile": compile_config.precompile,
         }
         return cls(module_fingerprint(modules, extra), config)
 
@@ -365,10 +375,116 @@ class CompileCache:
                 corrupt = not loaded
             elif data is False:
                 corrupt = True
-        status = "corrupt" if corrupt else ("pending" if warm or loaded else "miss")
+        self._precompiled = self._read_precompiled()
+        found = bool(self._precompiled)
+        status = "corrupt" if corrupt else ("pending" if warm or loaded or found else "miss")
         return CacheRestore(
-            status=status, artifacts_loaded=loaded, inductor_warm=warm, read_only=self.read_only
+            status=status,
+            artifacts_loaded=loaded,
+            inductor_warm=warm,
+            read_only=self.read_only,
+            precompiled=len(self._precompiled),
         )
+
+    # -- precompiled targets -------------------------------------------------------------------
+
+    def precompiled_artifact(self, path: str) -> bytes | None:
+        """The saved precompiled form of compile target ``path`` (after :meth:`restore`)."""
+        return self._precompiled.get(path)
+
+    def track(self, target: Any) -> None:
+        """Register a :class:`fastinit.warmup.precompile.PrecompiledTarget`: :meth:`confirm`
+        counts what it served, :meth:`save` writes what it compiled."""
+        self._targets.append(target)
+
+    @property
+    def precompiled_targets(self) -> tuple[Any, ...]:
+        """The tracked :class:`fastinit.warmup.precompile.PrecompiledTarget` s (``status``,
+        ``reason``, calls served)."""
+        return tuple(self._targets)
+
+    def _precompiled_meta(self) -> dict[str, Any]:
+        """The entry's precompiled index ({} when absent)."""
+        assert self.path is not None
+        meta_path = os.path.join(self.path, _PRECOMPILED_META)
+        if not os.path.lexists(meta_path):
+            return {}
+        import stat
+
+        if not stat.S_ISREG(os.lstat(meta_path).st_mode):
+            raise ValueError(f"{_PRECOMPILED_META} is not a regular file")
+        with open(meta_path, "rb") as f:
+            meta = json.loads(f.read())
+        if not isinstance(meta, dict) or meta.get("key") != self.key_fields:
+            raise ValueError("precompiled index: key fields differ from this job's")
+        if not isinstance(meta.get("targets"), dict):
+            raise ValueError("precompiled index has no targets")
+        return meta
+
+    def _read_precompiled(self) -> dict[str, bytes]:
+        """Every verified precompiled form; a corrupt one is dropped with a warning."""
+        assert self.path is not None
+        try:
+            meta = self._precompiled_meta()
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            self._discard_precompiled(f"{type(e).__name__}: {e}")
+            return {}
+        out: dict[str, bytes] = {}
+        import stat
+
+        for path, entry in meta.get("targets", {}).items():
+            try:
+                file = os.path.join(self.path, _PRECOMPILED, os.path.basename(str(entry["file"])))
+                if not stat.S_ISREG(os.lstat(file).st_mode):
+                    raise ValueError(f"{file} is not a regular file")
+                with open(file, "rb") as f:
+                    data = f.read()
+                if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+                    raise ValueError("checksum mismatch")
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                warnings.warn(
+                    f"fastinit: ignoring precompiled {path} in {self.path} "
+                    f"({type(e).__name__}: {e}); compiling it",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                continue
+            out[str(path)] = data
+        return out
+
+    def _discard_precompiled(self, why: str) -> None:
+        assert self.path is not None
+        warnings.warn(
+            f"fastinit: ignoring corrupt precompiled index in {self.path} ({why}); compiling",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.path, _PRECOMPILED_META))
+
+    def _save_precompiled(self) -> bool:
+        """Write what tracked targets compiled ahead of time in this job; the index last."""
+        assert self.path is not None
+        fresh = {t.path: data for t in self._targets if (data := t.serialize()) is not None}
+        if not fresh:
+            return False
+        try:
+            meta = self._precompiled_meta()
+        except (OSError, ValueError, TypeError, AttributeError):
+            meta = {}
+        targets = dict(meta.get("targets", {}))
+        for path, data in fresh.items():
+            # Named by content: ranks saving at once write different bytes (pickles of the same
+            # code), each index names its own files, and the last index written wins whole.
+            digest = hashlib.sha256(data).hexdigest()
+            name = digest[:32] + ".bin"
+            _atomic_write(os.path.join(self.path, _PRECOMPILED, name), data)
+            targets[path] = {"file": name, "sha256": digest, "bytes": len(data)}
+        index = {"key": self.key_fields, "targets": targets, "created": time.time()}
+        _atomic_write(
+            os.path.join(self.path, _PRECOMPILED_META), json.dumps(index, indent=1).encode()
+        )
+        return True
 
     def _private_copy(self, inductor: str | None) -> str:
         """A private, writable Inductor directory holding a copy of ``inductor`` (None: empty);
@@ -414,8 +530,14 @@ class CompileCache:
         except Exception:  # noqa: BLE001 - counters unavailable: cannot claim a hit
             hits = 0
         restored.cache_hits = hits
-        restored.status = "hit" if hits > 0 else "miss"
-        if hits == 0 and (restored.inductor_warm or restored.artifacts_loaded):
+        served = sum(1 for t in self._targets if t.status == "hit")
+        restored.precompiled_served = served
+        restored.status = "hit" if hits > 0 or served > 0 else "miss"
+        if (
+            hits == 0
+            and served == 0
+            and (restored.inductor_warm or restored.artifacts_loaded or restored.precompiled)
+        ):
             restored.reason = "restored artifacts were not used by the compiler"
             logger.info("fastinit: compile cache %s: %s", self.path, restored.reason)
         return restored
@@ -477,9 +599,11 @@ class CompileCache:
         """Persist the artifacts compiled so far in this process (after the first compiled step).
 
         The Inductor directory fills itself while compiling; this writes the MegaCache file and
-        its metadata, atomically. Returns False when the cache is off or there is nothing to save.
+        its metadata, atomically, and the precompiled targets this job compiled ahead of time
+        (:mod:`fastinit.warmup.precompile`). Returns False when the cache is off or there is
+        nothing to save.
         """
-        if self.path is None or not self.config.mega_cache:
+        if self.path is None:
             return False
         if self.read_only:
             restored = self._restored
@@ -491,14 +615,26 @@ class CompileCache:
                     stacklevel=2,
                 )
             return False
+        try:
+            precompiled = self._save_precompiled()
+        except OSError as e:
+            warnings.warn(
+                f"fastinit: could not save precompiled targets in {self.path} "
+                f"({type(e).__name__}: {e})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            precompiled = False
+        if not self.config.mega_cache:
+            return precompiled
         import torch
 
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
-            return False
+            return precompiled
         data, _info = saved
         if not data:
-            return False
+            return precompiled
         meta = {
             "key": self.key_fields,
             "sha256": hashlib.sha256(data).hexdigest(),
@@ -532,7 +668,7 @@ class CompileCache:
         self._env_set = False
 
     def clear(self) -> None:
-        """Delete this entry (both forms)."""
+        """Delete this entry (every form)."""
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
 

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from fastinit.warmup.compile_cache import CompileCache
+
 __all__ = [
     "StateSnapshot",
     "resolve_targets",
@@ -79,6 +81,10 @@ class CompileConfig:
     """Fail on graph breaks instead of splitting."""
     batch_dim: int | None = 0
     """Dimension of every tensor input marked dynamic (the batch); None: leave it to dynamo."""
+    precompile: bool = False
+    """Compile each target ahead of time at its first call (one full graph, Dynamo's
+    ``aot_compile``) so a :class:`fastinit.warmup.CompileCache` can save it and the next job load
+    it with no Dynamo trace (:mod:`fastinit.warmup.precompile`). Off: plain ``torch.compile``."""
 
     def __post_init__(self) -> None:
         if isinstance(self.targets, str):
@@ -147,13 +153,19 @@ def compile_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def compile_modules(model: nn.Module, config: CompileConfig) -> list[str]:
+def compile_modules(
+    model: nn.Module, config: CompileConfig, cache: CompileCache | None = None
+) -> list[str]:
     """Compile ``config.targets`` of ``model`` in place; returns the paths compiled now.
 
     Each target's ``forward`` becomes a compiled function (``torch.compile``) behind a small eager
     wrapper that marks dimension ``config.batch_dim`` of its tensor inputs dynamic. The module
     object, its parameters and state_dict keys are unchanged. Compilation itself happens at the
     first call. Targets already compiled by fastinit are skipped.
+
+    With ``config.precompile``, each target is a :class:`fastinit.warmup.precompile.
+    PrecompiledTarget`: the form ``cache`` restored for it (a previous job's), else compiled ahead
+    of time at the first call and registered with ``cache`` for :meth:`CompileCache.save`.
 
     Raises:
         AttributeError: a path names no submodule.
@@ -177,7 +189,16 @@ def compile_modules(model: nn.Module, config: CompileConfig) -> list[str]:
                         torch._dynamo.maybe_mark_dynamic(leaf, _dim)
             return _fn(*args, **kwargs)
 
-        module.forward = forward
+        if config.precompile:
+            from fastinit.warmup.precompile import PrecompiledTarget
+
+            data = cache.precompiled_artifact(path) if cache is not None else None
+            target = PrecompiledTarget(path, module, config, data, fallback=forward)
+            if cache is not None:
+                cache.track(target)
+            module.forward = target
+        else:
+            module.forward = forward
         setattr(module, _COMPILED_ATTR, True)
         compiled.append(path)
     return compiled
@@ -653,6 +674,7 @@ def warm_up(
     optimizers: Sequence[Any] = (),
     pipeline: Any = None,
     config: WarmupConfig | None = None,
+    compile_cache: CompileCache | None = None,
 ) -> WarmupReport:
     """Compile (optionally) and run training steps on ``batch``; leave training as it was.
 
@@ -672,6 +694,8 @@ def warm_up(
             full steps on the batch (forward, backward, its optimizer's step), and then its own
             state and its optimizer's are restored too.
         config: compile targets, steps, snapshot mode.
+        compile_cache: the restored cache entry that serves and keeps precompiled targets
+            (``CompileConfig(precompile=True)``; see :func:`compile_modules`).
 
     Returns:
         A :class:`WarmupReport`.
@@ -682,7 +706,9 @@ def warm_up(
     start = time.perf_counter()
     set_thread_device(_batch_device(batch))
     graphs = compile_count()
-    compiled = compile_modules(model, config.compile) if config.compile is not None else []
+    compiled = (
+        compile_modules(model, config.compile, compile_cache) if config.compile is not None else []
+    )
     opts = list(optimizers)
     fused = getattr(model, "fused_optimizer", None)
     if fused is not None:

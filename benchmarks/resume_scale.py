@@ -628,12 +628,18 @@ def _describe(row: dict[str, Any]) -> str:
 
 def run(config: ResumeScaleConfig) -> dict[str, Any]:
     """Measure every N (each step in a fresh process); write and return the results."""
-    rows = []
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fastinit-resume-scale-") as tmp:
         for n in config.ranks:
             row = _point(config, n, tmp)
             rows.append(row)
             _say(_describe(row))
+            result = _write(rows, config)  # after every point: a stopped run keeps what it did
+    return result
+
+
+def _write(rows: Sequence[dict[str, Any]], config: ResumeScaleConfig) -> dict[str, Any]:
     result = analyse(rows, config)
     os.makedirs(config.out, exist_ok=True)
     with open(os.path.join(config.out, "resume-scale.json"), "w") as f:

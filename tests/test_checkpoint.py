@@ -259,6 +259,9 @@ def _reshard_rank(root: str, types: dict[str, str], tag: str) -> dict[str, Any]:
     before = _local(ours, ours_opts)
     with tracer.window() as counts:
         report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
+    from fastinit.checkpoint.loading import flat_target
+
+    shards = checkpoint.overlaps(f"{root}/{tag}", flat_target(ours, ours_opts))
     theirs, theirs_opts = _build(types, seed=22)
     _stock_load(f"{root}/{tag}-stock", theirs, theirs_opts)
     return {
@@ -268,6 +271,7 @@ def _reshard_rank(root: str, types: dict[str, str], tag: str) -> dict[str, Any]:
         "changed": bool(_diff(_local(ours, ours_opts), before)),
         "sources": report.source_ranks,
         "files": report.files_read,
+        "overlap_ranks": sorted({sh.rank for found in shards.values() for sh in found}),
     }
 
 
@@ -281,6 +285,7 @@ def test_replan_same_world_size_matches_dcp(tmp_path: Any) -> None:
     results = run_ranks(_replan_rank, 2, args=(str(tmp_path),), trace=True, timeout=280)
     for out in results:
         assert out["mode"] == "resharded"
+        assert out["overlap_ranks"] == out["sources"], out
         assert out["c10d"] == 0
         assert out["diff"] == [], out["diff"]
         assert out["changed"]

@@ -17,7 +17,9 @@
 Helpers for tools and benchmarks: :func:`read_index` (the parsed :class:`Index`),
 :func:`rank_dir` (a rank's directory), :func:`flat_target` (the flat state a load fills) and
 :func:`plan_reads` (which files and byte ranges a rank reads, and the mode, without reading
-data), :func:`overlapping` (stored shards overlapping a chunk). The format is described in
+data), :func:`overlaps` (per value, the stored shards a rank's chunks overlap, from the index and
+layouts alone: which ranks' files a resharded load opens), :func:`overlapping` (stored shards of
+a layout overlapping a chunk). The format is described in
 docs/checkpoint.md.
 """
 
@@ -30,7 +32,14 @@ if TYPE_CHECKING:
     from fastinit.checkpoint.consolidation import consolidate
     from fastinit.checkpoint.format import CheckpointError, Index, rank_dir, read_index
     from fastinit.checkpoint.interval import IntervalChoice, choose_interval, format_choice
-    from fastinit.checkpoint.loading import LoadReport, ReadPlan, flat_target, load, plan_reads
+    from fastinit.checkpoint.loading import (
+        LoadReport,
+        ReadPlan,
+        flat_target,
+        load,
+        overlaps,
+        plan_reads,
+    )
     from fastinit.checkpoint.reshard import StoredShard, overlapping
     from fastinit.checkpoint.saving import SaveHandle, save
 
@@ -43,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "ReadPlan": "loading",
     "plan_reads": "loading",
     "flat_target": "loading",
+    "overlaps": "loading",
     "consolidate": "consolidation",
     "CheckpointError": "format",
     "Index": "format",
@@ -66,6 +76,7 @@ __all__ = [
     "format_choice",
     "load",
     "overlapping",
+    "overlaps",
     "plan_reads",
     "rank_dir",
     "read_index",

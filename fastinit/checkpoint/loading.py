@@ -36,7 +36,7 @@ from fastinit.checkpoint.state import build_state, entry_of, flat_state, is_shar
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["load", "LoadReport", "ReadPlan", "plan_reads"]
+__all__ = ["load", "LoadReport", "ReadPlan", "plan_reads", "overlaps", "flat_target"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -374,6 +374,33 @@ def plan_reads(
         metadata_files=list(sources.files),
         metadata_bytes=sources.nbytes,
     )
+
+
+def overlaps(
+    checkpoint_dir: str,
+    state: Mapping[str, Any],
+    *,
+    index: fmt.Index | None = None,
+) -> dict[str, list[Any]]:
+    """FQN -> the stored shards (:class:`~fastinit.checkpoint.reshard.StoredShard`) overlapping
+    this rank's chunks of each sharded value of ``state`` (a flat target state), from the index
+    and the stored layouts alone (no ``.metadata`` read): which ranks' files a resharded load
+    of ``state`` opens. A benchmark can synthesise just those ranks' files.
+    """
+    index = index if index is not None else fmt.read_index(checkpoint_dir)
+    sources = _Sources(checkpoint_dir, index)
+    model_fqns = {e.fqn for e in index.model}
+    replicated = set(index.replicated)
+    out: dict[str, list[Any]] = {}
+    for fqn, value in state.items():
+        if fqn in replicated or not is_sharded(value):
+            continue
+        runs = _layout(sources, fqn, model_fqns)
+        found: list[Any] = []
+        for c in _dcp.chunks_of(value):
+            found.extend(overlapping(runs, tuple(c.offsets), tuple(c.sizes)))
+        out[fqn] = found
+    return out
 
 
 def flat_target(model: nn.Module, optimizers: Mapping[str, Any] | None = None) -> dict[str, Any]:

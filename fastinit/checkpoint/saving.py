@@ -296,7 +296,14 @@ class SaveHandle:
         if self._thread is not None:
             self._thread.join()
         ok = self._error is None
-        all_ok = _agree(ok)
+        try:
+            all_ok = _agree(ok)
+        except Exception as e:  # noqa: BLE001 - a peer died or the group timed out
+            self._error = fmt.CheckpointError(
+                f"committing {self.checkpoint_dir}: the commit collective failed ({e}); "
+                "a rank died or did not call wait(); nothing was committed"
+            )
+            raise self._error from e
         work = self._work
         if not all_ok:
             if ok:

@@ -66,28 +66,44 @@ def entry_of(fqn: str, value: Any) -> TensorEntry:
     return TensorEntry(fqn, None, None)
 
 
-def _shards_metadata(value: Any) -> list[Any] | None:
+def _shards_metadata(value: Any) -> Any:
+    """A ShardedTensor's global shard list (as it is held: a list or fastinit's lazy list)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
     if isinstance(value, ShardedTensor):
-        return list(value.metadata().shards_metadata)
+        return value.metadata().shards_metadata
     return None
 
 
+_RUNS_KEY = "fastinit.checkpoint.runs"
+
+
 def global_runs(value: Any) -> tuple[Any, ...] | None:
-    """The global layout of a ShardedTensor as shard runs (None for other values)."""
-    from fastinit.sharding.layout import runs_of
+    """The global layout of a ShardedTensor as shard runs (None for other values).
+
+    A layout fastinit holds as a rule (``LazyShards``) gives its runs at no cost; otherwise the
+    runs are found once per shared layout (memoised in the layout's shared ``checked`` facts).
+    """
+    from fastinit.sharding.layout import LazyShards, runs_of
 
     shards = _shards_metadata(value)
     if shards is None:
         return None
-    return runs_of(shards)
+    if isinstance(shards, LazyShards) and not shards.expanded:
+        return shards.runs
+    checked = getattr(shards, "checked", None)
+    if isinstance(checked, dict):
+        got = checked.get(_RUNS_KEY)
+        if got is None or sum(r.count for r in got) != len(shards):
+            got = checked[_RUNS_KEY] = runs_of(list(shards))
+        return got
+    return runs_of(list(shards))
 
 
 def shard0_rank(value: Any) -> int | None:
     """The rank holding shard 0 of a ShardedTensor (it writes the layout), else None."""
     shards = _shards_metadata(value)
-    if not shards:
+    if shards is None or len(shards) == 0:
         return None
     placement = shards[0].placement
     return None if placement is None else placement.rank()

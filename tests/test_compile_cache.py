@@ -342,3 +342,70 @@ def test_a_warm_restart_runs_the_precompiled_targets_without_tracing(
     assert swapped["targets"] == {"dense": "compiled", "over": "hit"}, swapped
     assert swapped["graphs"][0] == 1 and swapped["served"] == 1, swapped
     assert swapped["losses"] == first["losses"]
+
+
+def _background_job() -> dict[str, Any]:
+    """Four steps with WarmupConfig(compile_in_background=True), swapping the compiled targets
+    in after the first step, against the same four steps eager."""
+    import math
+
+    import torch
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    from fastinit.warmup import CompileConfig, WarmupConfig, swap_in_compiled, warm_up
+
+    def build() -> tuple[nn.Module, Any]:
+        torch.manual_seed(0)
+        model = nn.Module()
+        model.dense = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 8))
+        model.over = nn.Sequential(nn.Linear(8, 1))
+        return model, torch.optim.Adagrad(model.parameters(), lr=0.1)
+
+    def train(model: nn.Module, optimizer: Any, swap: bool) -> list[float]:
+        generator = torch.Generator().manual_seed(1)
+        losses = []
+        for step in range(4):
+            x = torch.randn(16 + step, 13, generator=generator)
+            loss = (model.over(model.dense(x)) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            if swap and step == 0:  # a step boundary: the compiled code serves from step 2
+                assert sorted(swap_in_compiled(model, wait=None)) == ["dense", "over"]
+        return losses
+
+    eager = train(*build(), swap=False)
+    model, optimizer = build()
+    config = CompileConfig(targets=("dense", "over"), backend="aot_eager")
+    report = warm_up(
+        model,
+        torch.randn(8, 13),
+        config=WarmupConfig(compile=config, compile_in_background=True),
+    )
+    graphs = int(counters["stats"]["unique_graphs"])
+    losses = train(model, optimizer, swap=True)
+    targets = {path: model.get_submodule(path).forward for path in ("dense", "over")}
+    return {
+        "eager": eager,
+        "losses": losses,
+        "warmup_graphs": report.graphs_compiled,
+        "graphs": int(counters["stats"]["unique_graphs"]) - graphs,
+        "calls": {p: (t.eager_calls, t.calls, t.status) for p, t in targets.items()},
+        "close": all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(eager, losses)),
+    }
+
+
+@pytest.mark.slow  # a compile thread beside training: young territory for Dynamo, kept out of CI
+@pytest.mark.timeout(600)
+def test_compile_in_background_trains_eager_then_swaps_at_a_step_boundary() -> None:
+    from fastinit.testing.dist import run_ranks
+
+    out = run_ranks(_background_job, 1, init_pg=False, timeout=240)[0]
+    assert out["warmup_graphs"] == 0  # warm-up compiled nothing before the first step
+    assert out["graphs"] == 2, out  # both targets compiled, on the background thread
+    # Step 1 ran eager (one call each), steps 2-4 on the compiled code (three calls each).
+    assert out["calls"] == {"dense": (1, 3, "compiled"), "over": (1, 3, "compiled")}, out
+    assert out["losses"][0] == out["eager"][0]  # the eager step is the eager step, bit for bit
+    assert out["close"], (out["eager"], out["losses"])  # compiled steps: within rounding

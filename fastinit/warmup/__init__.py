@@ -49,6 +49,7 @@ if TYPE_CHECKING:
         preserved_state,
         resolve_targets,
         set_thread_device,
+        swap_in_compiled,
         warm_up,
     )
 
@@ -79,6 +80,7 @@ _EXPORTS: dict[str, str] = {
             "compile_modules",
             "compile_count",
             "preserved_state",
+            "swap_in_compiled",
             "warm_up",
         ),
         "warmup",
@@ -120,6 +122,7 @@ __all__ = [
     "schema_from_batch",
     "schema_from_model",
     "set_thread_device",
+    "swap_in_compiled",
     "warm_up",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)

@@ -83,6 +83,7 @@ class PrecompiledTarget:
         config: CompileConfig,
         data: bytes | None,
         fallback: Any,
+        background: bool = False,
     ) -> None:
         self.path = path
         self.config = config
@@ -91,6 +92,10 @@ class PrecompiledTarget:
         self._module = module
         self._compiled: Any = None
         self._lock = threading.Lock()
+        self.background = background
+        """Compile on another thread (on a copy of the module); calls run eager meanwhile, and
+        :meth:`swap_in` (at a step boundary) makes the compiled form serve the next calls."""
+        self._thread: threading.Thread | None = None
         self.status = "none"
         """"loaded" (a saved artifact, not yet called), "hit" (it served a call), "compiled"
         (compiled ahead of time by this job: :meth:`serialize` has something to save),
@@ -101,6 +106,8 @@ class PrecompiledTarget:
         """Calls the precompiled form served."""
         self.fallback_calls = 0
         """Calls the plain ``torch.compile`` fallback served."""
+        self.eager_calls = 0
+        """Calls run eager while the background compile ran."""
         if self._func is None:
             self._unsupported("its forward is not a method of its class")
         elif data is not None:
@@ -127,9 +134,12 @@ class PrecompiledTarget:
         self._compiled = compiled
         self.status = "loaded"
 
-    def _compile(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _compile(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], module: nn.Module | None = None
+    ) -> None:
         import torch
 
+        module = self._module if module is None else module
         try:
             with torch._dynamo.config.patch(enable_aot_compile=True):
                 wrapper: Any = torch.compile(
@@ -141,7 +151,7 @@ class PrecompiledTarget:
             with warnings.catch_warnings():
                 # Saving the guards reads ``.grad`` of every input (non-leaf ones warn).
                 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
-                compiled = wrapper.aot_compile(((self._module, *args), kwargs))
+                compiled = wrapper.aot_compile(((module, *args), kwargs))
             compiled.disable_guard_check()
         except Exception as e:  # noqa: BLE001 - not precompilable: plain torch.compile
             self._unsupported(f"aot_compile failed: {type(e).__name__}: {str(e)[:500]}")
@@ -169,6 +179,9 @@ class PrecompiledTarget:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         compiled = self._ready(args, kwargs)
+        if compiled is _EAGER:
+            self.eager_calls += 1
+            return self._func(self._module, *args, **kwargs)
         if compiled is None:
             self.fallback_calls += 1
             return self.fallback(*args, **kwargs)
@@ -179,6 +192,12 @@ class PrecompiledTarget:
         """The precompiled form if its guards accept these inputs, else None (compiling it first
         when there is none yet)."""
         with self._lock:
+            if self.background:
+                if self._thread is None and self._compiled is None:  # nothing was loaded
+                    self._start_background(args, kwargs)
+                if self._thread is not None:  # compiling: eager until swap_in
+                    return _EAGER
+                self.background = False  # a saved form was loaded: nothing to compile
             if self.status == "unsupported":
                 return None
             if self._compiled is not None:
@@ -200,6 +219,52 @@ class PrecompiledTarget:
             self._mark_dynamic(args, kwargs)
             self._compile(args, kwargs)
             return self._compiled
+
+    # -- compiling in the background -----------------------------------------------------------
+
+    def _start_background(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Compile on a thread, on copies: of the module (its values are read by the compiled
+        code as inputs, so a copy compiles the same code) and of these inputs (same shapes,
+        dtypes, ``requires_grad``), so training goes on undisturbed on the originals."""
+        import copy
+
+        import torch
+        from torch.utils._pytree import tree_map
+
+        def clone(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                return x.detach().clone().requires_grad_(x.requires_grad)
+            return x
+
+        with torch.no_grad():
+            module = copy.deepcopy(self._module)
+            example_args, example_kwargs = tree_map(clone, (args, kwargs))
+        if module.__dict__.get("forward") is self:
+            del module.__dict__["forward"]  # the copy runs its class's forward
+
+        def run() -> None:  # what it sets is read only once background is off (swap_in)
+            with _BACKGROUND_COMPILES:  # Dynamo's compile state is per process: one at a time
+                self._mark_dynamic(example_args, example_kwargs)
+                self._compile(example_args, example_kwargs, module)
+
+        self.status = "compiling"
+        self._thread = threading.Thread(target=run, name=f"fastinit-compile-{self.path}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def swap_in(self, wait: float | None = 0.0) -> bool:
+        """At a step boundary: let the background-compiled form serve the next calls, if it is
+        done (waiting up to ``wait`` seconds; None: until it is). Returns whether it now does."""
+        thread = self._thread
+        if thread is None:
+            return self._compiled is not None
+        thread.join(wait)
+        if thread.is_alive():
+            return False
+        with self._lock:
+            self.background = False
+            self._thread = None
+            return self._compiled is not None
 
     def _mark_dynamic(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch
@@ -226,6 +291,10 @@ class PrecompiledTarget:
                 "fastinit: precompiled %s cannot be saved (%s: %s)", self.path, type(e).__name__, e
             )
             return None
+
+
+_BACKGROUND_COMPILES = threading.Lock()
+_EAGER = object()  # _ready's answer while a background compile runs: run this call eager
 
 
 def _plain_function(module: nn.Module) -> Any:

@@ -55,6 +55,7 @@ __all__ = [
     "compile_modules",
     "compile_count",
     "preserved_state",
+    "swap_in_compiled",
     "warm_up",
 ]
 
@@ -81,6 +82,10 @@ class CompileConfig:
     """Fail on graph breaks instead of splitting."""
     batch_dim: int | None = 0
     """Dimension of every tensor input marked dynamic (the batch); None: leave it to dynamo."""
+    background: bool = False
+    """With ``precompile``: compile on another thread, on a copy of each target, starting at its
+    first call; calls run eager until :func:`swap_in_compiled` at a step boundary (see
+    :attr:`WarmupConfig.compile_in_background`)."""
     precompile: bool = False
     """Compile each target ahead of time at its first call (one full graph, Dynamo's
     ``aot_compile``) so a :class:`fastinit.warmup.CompileCache` can save it and the next job load
@@ -104,6 +109,14 @@ class WarmupConfig:
     snapshot: str = "touched"
     """"touched": fused tables are saved row by row as the step looks them up (a few rows per
     table); "full": every local tensor is copied whole (costs a copy of the rank's model)."""
+    compile_in_background: bool = False
+    """Opt-in: do not compile before the first step. The targets are installed (precompiled
+    form, :attr:`CompileConfig.precompile` implied) and the warm-up steps are skipped; a target
+    without a saved form compiles on another thread from its first real call while the first
+    steps run eager, and :func:`swap_in_compiled` at a step boundary switches it to the
+    compiled code. Numerics: eager steps and compiled steps may differ in the last bits (on
+    Inductor; ``aot_eager`` runs the same kernels), so the steps before the swap train what
+    eager trains, the later ones what the compiled code trains. Off by default."""
     loss_fn: Callable[[Any], Any] | None = None
     """Maps the model's output to a scalar to differentiate; default: the output itself, or its
     first element for a tuple/list (TorchRec's ``(loss, aux)`` convention), summed if not scalar."""
@@ -193,7 +206,9 @@ def compile_modules(
             from fastinit.warmup.precompile import PrecompiledTarget
 
             data = cache.precompiled_artifact(path) if cache is not None else None
-            target = PrecompiledTarget(path, module, config, data, fallback=forward)
+            target = PrecompiledTarget(
+                path, module, config, data, fallback=forward, background=config.background
+            )
             if cache is not None:
                 cache.track(target)
             module.forward = target
@@ -202,6 +217,23 @@ def compile_modules(
         setattr(module, _COMPILED_ATTR, True)
         compiled.append(path)
     return compiled
+
+
+def swap_in_compiled(model: nn.Module, wait: float | None = 0.0) -> list[str]:
+    """At a step boundary (after ``optimizer.step()``, before the next forward): let every
+    target compiled in the background (:attr:`WarmupConfig.compile_in_background`) serve the
+    next calls, if its compile is done (waiting up to ``wait`` seconds each; None: until done).
+    Parameters, gradients and optimizer state are the module's own throughout (the compile ran
+    on copies), so nothing else changes at the swap. Returns the paths swapped in now or
+    before."""
+    from fastinit.warmup.precompile import PrecompiledTarget
+
+    out = []
+    for path, module in _unwrap(model).named_modules():
+        target = module.__dict__.get("forward")
+        if isinstance(target, PrecompiledTarget) and target.swap_in(wait):
+            out.append(path)
+    return out
 
 
 def resolve_targets(model: nn.Module, targets: Iterable[Any]) -> list[tuple[str, nn.Module]]:
@@ -706,6 +738,15 @@ def warm_up(
     start = time.perf_counter()
     set_thread_device(_batch_device(batch))
     graphs = compile_count()
+    if config.compile_in_background and config.compile is not None:
+        background = dataclasses.replace(config.compile, precompile=True, background=True)
+        compiled = compile_modules(model, background, compile_cache)
+        return WarmupReport(
+            seconds=time.perf_counter() - start,
+            graphs_compiled=0,
+            compiled_modules=compiled,
+            snapshot_bytes=0,
+        )
     compiled = (
         compile_modules(model, config.compile, compile_cache) if config.compile is not None else []
     )

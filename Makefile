@@ -1,12 +1,22 @@
 # fastinit: two commands do all the set-up.
 #   make test   lint, types and the test suite
 #   make bench  the time-to-first-batch benchmark
-# CUDA=1 installs the CUDA builds (torch 2.13.0, fbgemm-gpu 1.8.0) for GPU hosts.
+# STACK picks the torch/fbgemm/TorchRec stack (versions in requirements/<STACK>/*.txt):
+#   STACK=1.8 (default)  .venv      torch 2.13.0, fbgemm-gpu(-cpu) 1.8.0, torchrec 1.8.0
+#   STACK=1.9            .venv-1.9  torch 2.14.1, fbgemm-gpu(-cpu) 1.9.0, torchrec 1.9.2
+# `make test STACK=1.9` runs no lint (that runs once, on the default stack) and only the tests in
+# STACK_TESTS_1.9 (the 1.9 lane of .ci/run). Any other target takes STACK too (make peer STACK=1.9).
+# CUDA=1 installs the stack's CUDA builds (torch from PyPI, fbgemm-gpu) for GPU hosts.
 
 SHELL := /bin/bash
 PYTHON ?= python3
 CUDA ?= 0
-VENV := .venv
+STACK ?= 1.8
+ifeq ($(filter $(STACK),1.8 1.9),)
+$(error STACK=$(STACK): use STACK=1.8 (the default) or STACK=1.9)
+endif
+VENV := $(if $(filter 1.8,$(STACK)),.venv,.venv-$(STACK))
+REQ := requirements/$(STACK)
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 FLAVOR := $(if $(filter 1,$(CUDA)),cuda,cpu)
@@ -22,13 +32,22 @@ BENCH_ARGS ?=
 
 .PHONY: test bench ttfb projection scale baseline micro lint env clean gpu-check peer
 
-$(STAMP): requirements/$(FLAVOR).txt requirements/common.txt pyproject.toml
+# The 1.9 lane: the start-up path end to end (setup/equivalence, seeding, protocol, planner
+# identity, warm-up, plan cache and its TorchRec protocol, compat); the rest of the suite runs on
+# the default stack.
+STACK_TESTS_1.9 := tests/test_setup.py tests/test_seeding.py tests/test_protocol.py \
+  tests/test_planner.py tests/test_warmup.py tests/test_warmup_api.py tests/test_plan_cache.py \
+  tests/test_plan_cache_protocol.py tests/test_compat.py tests/test_fingerprint.py \
+  tests/test_import.py
+TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
+
+$(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@rm -f $(VENV)/.installed-*
 	@# torch first, on its own, so that nothing later can swap in another build of it.
-	$(PIP) install -q -r requirements/$(FLAVOR).txt \
-	  || $(PIP) install -q -r requirements/$(FLAVOR).txt --extra-index-url $(TORCH_CPU_INDEX)
-	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) install -q -r $(REQ)/$(FLAVOR).txt \
+	  || $(PIP) install -q -r $(REQ)/$(FLAVOR).txt --extra-index-url $(TORCH_CPU_INDEX)
+	$(PIP) install -q --no-deps -r $(REQ)/torchrec.txt
 	$(PIP) freeze | grep -iE '^(torch|fbgemm)' > $(VENV)/.pinned
 	$(PIP) install -q -r requirements/common.txt -c $(VENV)/.pinned
 	@# fastinit itself, editable and without dependencies (they are all above): `import fastinit`,
@@ -43,8 +62,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check fastinit tests benchmarks examples tools scripts
 	$(VENV)/bin/mypy
 
-test: lint
-	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(PYTEST_ARGS)
+test: $(if $(filter 1.8,$(STACK)),lint,$(STAMP))
+	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(TESTS) $(PYTEST_ARGS)
 
 # Time to first batch: stock, stock-best, fastinit and the floor, 3 scenarios, repeated:
 # bench-out/{summary.json,report.md,timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4".
@@ -93,7 +112,8 @@ micro: $(STAMP)
 
 # TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
 # fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree at the installed
-# version (git archive v1.8.0-rc1 of TorchRec's repository); nothing is fetched. Output in peer-out/.
+# version (git archive v1.8.0-rc1 of TorchRec's repository for STACK=1.8; see tools/peer/run.py
+# for 1.9); nothing is fetched. Output in peer-out/.
 TORCHREC_SRC ?= $(FASTINIT_TORCHREC_SRC)
 PEER_ARGS ?=
 .PHONY: peer
@@ -104,7 +124,7 @@ peer: $(STAMP)
 # CUDA builds first (CUDA=1), then scripts/gpu_check.sh; under 8 minutes once installed.
 gpu-check:
 	$(MAKE) env CUDA=1
-	bash scripts/gpu_check.sh
+	PY=$(PY) bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-1.9 bench-out .pytest_cache .mypy_cache .ruff_cache

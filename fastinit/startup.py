@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         ShardingPlanner,
     )
 
-    from fastinit.sharding.cache import PlanCache
+    from fastinit.sharding.cache import PlanCache, _ProtocolCache
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def setup(
     model_tracker_configs: ModelTrackerConfigs | None = None,
     *,
     planner: ShardingPlanner | None = None,
-    plan_cache: str | os.PathLike[str] | None = None,
+    plan_cache: str | os.PathLike[str] | PlanCache | Any | None = None,
     seed: int | None = None,
 ) -> DistributedModelParallel:
     """Shard ``module`` as ``DistributedModelParallel`` would, with at most 3 start-up collectives.
@@ -189,8 +189,11 @@ def setup(
         model_tracker_configs: as for ``DistributedModelParallel``.
         planner: plans when ``plan`` is None (default: fastinit's planner for the topology of
             ``env``). Only rank 0 plans.
-        plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``); a hit means no
-            planning at all.
+        plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``), a
+            ``fastinit.sharding.PlanCache``, or any object with ``get``/``put`` in TorchRec 1.9's
+            ``PlanCache`` protocol (keyed by the hex planner fingerprint; see
+            ``fastinit.sharding.cache.as_plan_cache``); a hit means no planning at all. A cached
+            plan is a hint: one that does not decode or fit is a miss with one warning.
         seed: seeds every initial value fastinit makes; any Python int (outside
             ``[0, 2**63)`` it is hashed to a 63-bit value). Default: rank 0's
             ``torch.initial_seed()``. Every rank uses rank 0's seed; different explicit seeds are
@@ -350,7 +353,7 @@ class _Local:
     plan: ShardingPlan | None = None
     encoded: bytes | None = None
     fingerprint: bytes | None = None
-    cache: PlanCache | None = None
+    cache: PlanCache | _ProtocolCache | None = None
     failure: Exception | None = None
 
 
@@ -361,7 +364,7 @@ def _prepare(
     plan: ShardingPlan | None,
     sharders: list[ModuleSharder[nn.Module]] | None,
     planner: ShardingPlanner | None,
-    plan_cache: str | os.PathLike[str] | None,
+    plan_cache: str | os.PathLike[str] | PlanCache | Any | None,
     seed: int | None,
     init_parameters: bool,
 ) -> _Local:
@@ -469,27 +472,29 @@ def _plan_from_cache_or_planner(
     module: nn.Module,
     env: ShardingEnv,
     key: PlanKey,
-    plan_cache: str | os.PathLike[str] | None,
+    plan_cache: str | os.PathLike[str] | PlanCache | Any | None,
     local: _Local,
 ) -> tuple[ShardingPlan | None, str | None]:
     """The cached plan, else rank 0's planner's (None on the other ranks on a miss), and where
     it came from."""
-    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, resolve_cache_dir
+    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, as_plan_cache
 
-    cache_dir = resolve_cache_dir(plan_cache)
-    if cache_dir is not None and key.uncacheable is not None:
+    cache = as_plan_cache(plan_cache, env.world_size)
+    if cache is not None and key.uncacheable is not None:
         warnings.warn(
             f"fastinit plan cache: off for this call: {key.uncacheable}",
             FastinitCacheWarning,
             stacklevel=4,
         )
-    elif cache_dir is not None:
-        local.cache = PlanCache(cache_dir)
+    elif cache is not None:
+        local.cache = cache
         with trace.span("fastinit.plan_cache.get"):
             cached = _cache_get(local.cache, key.fingerprint, module, key.sharders, env)
         if cached is not None:
             return cached, "cache"
-        if env.rank == 0:  # which planner input differs from the plans made ahead, if any
+        # which planner input differs from the plans made ahead (a directory only), if any
+        cache_dir = cache.directory if isinstance(cache, PlanCache) else None
+        if env.rank == 0 and cache_dir is not None:
             from fastinit.sharding.provenance import log_miss
 
             try:
@@ -504,7 +509,11 @@ def _plan_from_cache_or_planner(
 
 
 def _cache_get(
-    cache: PlanCache, key: bytes, module: nn.Module, sharders: list[Any], env: ShardingEnv
+    cache: PlanCache | _ProtocolCache,
+    key: bytes,
+    module: nn.Module,
+    sharders: list[Any],
+    env: ShardingEnv,
 ) -> ShardingPlan | None:
     """A cached plan that fits this module and world; an entry that does not, or is larger than
     any plan for this model could be, is a miss with one warning (and is replaced)."""

@@ -5,10 +5,14 @@ Usage::
     python patches/apply.py --target /tmp/trc-patched
     python patches/measure.py --tables 256 --kind ec                       # installed torchrec
     python patches/measure.py --tables 256 --kind ec --torchrec /tmp/trc-patched
+    python patches/measure.py --plan-only --tables 128 [--torchrec /tmp/trc-patched]
 
 Runs in a child interpreter with ``--torchrec`` first on ``sys.path`` (spawned ranks inherit the
 parent's path), on ``--nproc`` gloo ranks; prints per phase the median wall time over ranks, and
-the c10d ops of rank 0 (from ``fastinit.trace``).
+the c10d ops of rank 0 (from ``fastinit.trace``). ``--plan-only`` times
+``EmbeddingShardingPlanner.plan`` alone, in one process (``--tables`` EBC tables of dim 16 on meta,
+``Topology(world_size=4, local_world_size=2, compute_device="cpu")``), best of ``--repeats``, as
+wall and CPU seconds (the CPU time is what a loaded machine distorts least).
 """
 
 from __future__ import annotations
@@ -51,8 +55,31 @@ def _rank(kind: str, tables: int, planner: bool) -> dict[str, Any]:
     }
 
 
+def _plan_only(tables: int, repeats: int) -> dict[str, Any]:
+    import torchrec
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from fastinit.testing.models import ModelSpec, build_model
+
+    walls, cpus = [], []
+    for _ in range(repeats):
+        model = build_model(ModelSpec(num_tables=tables, dims=(16,)), "meta")
+        topology = Topology(world_size=4, local_world_size=2, compute_device="cpu")
+        planner = EmbeddingShardingPlanner(topology=topology)
+        w, c = time.perf_counter(), time.process_time()
+        planner.plan(model, get_default_sharders())
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return {"torchrec": torchrec.__file__, "wall_s": min(walls), "cpu_s": min(cpus)}
+
+
 def _child(args: argparse.Namespace) -> None:
     from fastinit.testing.dist import run_ranks
+
+    if args.plan_only:
+        print(json.dumps(_plan_only(args.tables, args.repeats)))
+        return
 
     results = run_ranks(
         _rank, args.nproc, args=(args.kind, args.tables, args.planner), trace=True, timeout=1800
@@ -67,6 +94,10 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--planner", action="store_true", help="plan with collective_plan")
     parser.add_argument("--torchrec", type=Path, help="directory holding a (patched) torchrec")
+    parser.add_argument(
+        "--plan-only", action="store_true", help="time EmbeddingShardingPlanner.plan"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="--plan-only: best of N")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -80,6 +111,12 @@ def main() -> int:
         print(out.stdout, out.stderr, file=sys.stderr)
         return out.returncode
     results = json.loads(out.stdout.strip().splitlines()[-1])
+    if args.plan_only:
+        print(f"torchrec: {results['torchrec']}  plan() of {args.tables} EBC tables, world 4")
+        print(
+            f"  best of {args.repeats}: {results['wall_s']:.2f} s wall, {results['cpu_s']:.2f} s CPU"
+        )
+        return 0
     totals = sorted(r["total_s"] for r in results)
     print(
         f"torchrec: {args.torchrec or 'installed'}  {args.kind} x{args.tables}, {args.nproc} ranks"

@@ -225,7 +225,9 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
     assert best["setup"]["c10d_ops"] < stock["setup"]["c10d_ops"]
     assert res["cold"]["stock-best"]["info"]["saved_plan"] == "none"
     assert 1 <= res["same-hosts"]["fastinit"]["setup"]["c10d_ops"] <= 2
-    assert on_disk["versions"]["torchrec"] == "1.8.0"
+    import torchrec
+
+    assert on_disk["versions"]["torchrec"] == torchrec.__version__  # the installed one
     with open(os.path.join(out, "report.md")) as f:
         report = f.read()
     assert "fastinit / stock-best" in report and "| tiny | same-hosts |" in report

@@ -1,8 +1,10 @@
 """fastinit installs like any library into an environment that already has torch and torchrec.
 
-Slow (a fresh virtual environment, minutes): ``pytest -m slow tests/test_install.py``. torch comes
-from this machine's wheels, torchrec with ``--no-deps`` as on any CPU host; the rest from the
-package index (pip's cache makes a rerun quick).
+Slow (fresh virtual environments, minutes): ``pytest -m slow tests/test_install.py``. Each
+supported stack is built from its package files (``requirements/<stack>/``: torch and fbgemm, then
+torchrec with ``--no-deps`` as on any CPU host, then torchrec's other requirements); pip's cache
+makes a rerun quick. Into each, ``pip install .`` (and ``.[cpu]``) must add fastinit and change
+nothing else: no downgrade of torch 2.14 / fbgemm 1.9 to the 1.8 stack's, and ``pip check`` clean.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -21,10 +24,21 @@ import tomllib
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TORCH = "torch==2.13.0"
-TORCHREC = "torchrec==1.8.0"
+STACKS = ("1.8", "1.9")
 # torchrec's requirements other than fbgemm-gpu (requirements/common.txt).
 TORCHREC_DEPS = ["tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions"]
+
+
+def _requirements(stack: str, name: str) -> list[str]:
+    """The requirement lines of requirements/<stack>/<name>.txt, comments dropped."""
+    text = (REPO / "requirements" / stack / f"{name}.txt").read_text()
+    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+
+
+def _pin(requirement: str) -> tuple[str, str]:
+    name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", requirement).groups()  # type: ignore[union-attr]
+    return name.lower().replace("_", "-"), version
+
 
 MODEL_PY = textwrap.dedent(
     """
@@ -74,17 +88,25 @@ def _fresh_copy(dest: pathlib.Path) -> pathlib.Path:
     return dest
 
 
-@pytest.fixture(scope="module")
-def torch_env(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """A new virtual environment holding torch (this machine's wheel) and torchrec (--no-deps)."""
-    venv = tmp_path_factory.mktemp("venv") / "env"
+@pytest.fixture(scope="module", params=STACKS)
+def torch_env(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> pathlib.Path:
+    """A new virtual environment holding one stack: torch and fbgemm, torchrec (--no-deps)."""
+    stack = request.param
+    venv = tmp_path_factory.mktemp(f"venv-{stack}") / "env"
     _run(sys.executable, "-m", "venv", venv)
     pip = (venv / "bin" / "python", "-m", "pip", "install", "-q")
-    _run(*pip, TORCH, "fbgemm-gpu-cpu==1.8.0", "numpy")
-    _run(*pip, "--no-deps", TORCHREC)
-    pins = tmp_path_factory.mktemp("pins") / "pins.txt"
-    pins.write_text(f"{TORCH}\nfbgemm-gpu-cpu==1.8.0\n")
+    torch_fbgemm = _requirements(stack, "cpu")
+    _run(*pip, *torch_fbgemm, "numpy")
+    _run(*pip, "--no-deps", *_requirements(stack, "torchrec"))
+    pins = tmp_path_factory.mktemp(f"pins-{stack}") / "pins.txt"
+    pins.write_text("".join(f"{r}\n" for r in torch_fbgemm))
     _run(*pip, *TORCHREC_DEPS, "-c", pins)
+    installed = _freeze(venv)
+    for requirement in torch_fbgemm + _requirements(stack, "torchrec"):
+        name, version = _pin(requirement)
+        assert installed[name].split("+")[0] == version.split("+")[0], (stack, name, installed)
     return venv
 
 
@@ -94,6 +116,7 @@ def test_pip_install_keeps_torch_and_torchrec(
     src = _fresh_copy(tmp_path / "src")
     before = _freeze(torch_env)
     assert "fastinit" not in before and "fbgemm-gpu" not in before
+    _run(torch_env / "bin" / "python", "-m", "pip", "check")  # the stack itself is consistent
 
     # Nothing but fastinit would be installed, with or without the CPU extra.
     for target in (".", ".[cpu]"):
@@ -108,7 +131,7 @@ def test_pip_install_keeps_torch_and_torchrec(
     (scratch / "scratchpkg" / "__init__.py").write_text("")
     (scratch / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
-        f'[project]\nname = "scratchpkg"\nversion = "0"\ndependencies = ["{TORCHREC}"]\n'
+        f'[project]\nname = "scratchpkg"\nversion = "0"\ndependencies = ["torchrec=={before["torchrec"]}"]\n'
     )
     assert "fbgemm-gpu" in _would_install(torch_env, ".", cwd=scratch)
 
@@ -117,6 +140,7 @@ def test_pip_install_keeps_torch_and_torchrec(
     after = _freeze(torch_env)
     assert {k: v for k, v in after.items() if k != "fastinit"} == before
     assert after["fastinit"] == project["version"]
+    _run(torch_env / "bin" / "python", "-m", "pip", "check")  # nothing fastinit declares conflicts
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "my_model.py").write_text(MODEL_PY)

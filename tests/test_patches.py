@@ -1,4 +1,5 @@
-"""The upstream patch series (patches/torchrec) applies to torchrec 1.8.0 and does what it claims.
+"""The upstream patch series for the installed torchrec (patches/torchrec/v<release>: 1.8.0 or
+1.9.2, picked by patches/apply.py) applies cleanly and does what it claims.
 
 The stock path (``collective_plan`` + ``DistributedModelParallel``, no fastinit) is run twice, each
 time in a fresh interpreter: once on the installed torchrec, once on a patched copy first on
@@ -153,14 +154,24 @@ def patched_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+def _series_dir() -> Path:
+    from patches import apply
+
+    return apply.series_dir(apply.installed_version())
+
+
 def test_series_applies_cleanly(patched_site: Path) -> None:
-    names = sorted(p.name for p in (REPO / "patches" / "torchrec").glob("*.patch"))
+    import importlib.metadata
+
+    series = _series_dir()
+    assert series.name == "v" + importlib.metadata.version("torchrec").split("+")[0]
+    names = sorted(p.name for p in series.glob("*.patch"))
     assert len(names) >= 7, names
     assert (patched_site / "torchrec" / "distributed" / "comm.py").is_file()
     # apply.py applied them in order with `git apply`, which accepts no fuzz: check the files
     # each patch touches are in the copy, patched.
     for name in names:
-        text = (REPO / "patches" / "torchrec" / name).read_text()
+        text = (series / name).read_text()
         assert text.startswith("From ") and "\n---\n" in text, name
         for line in text.splitlines():
             if line.startswith("+++ b/"):

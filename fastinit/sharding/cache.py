@@ -31,13 +31,27 @@ Example::
     if plan is None:
         plan = planner.plan(module, sharders)
         cache.put(key, plan)
+
+TorchRec 1.9's plan-cache protocol (``torchrec.distributed.planner.dry_run.PlanCache``: ``get`` and
+``put`` of ``(ShardingPlan, CacheMetadata)`` by a request-fingerprint string) is spoken both ways:
+
+* :class:`TorchRecPlanCache` wraps this directory cache as a TorchRec ``PlanCache`` (for TorchRec's
+  dry-run planner, or anything else that takes one); the metadata goes in a sidecar file;
+* :func:`as_plan_cache` turns what ``fastinit.setup(plan_cache=...)`` is given into the cache it
+  uses: a directory (or None: ``FASTINIT_PLAN_CACHE``), a :class:`PlanCache`, or any object with
+  ``get``/``put`` in TorchRec's protocol, keyed by the hex of fastinit's planner fingerprint. What
+  such an object returns is a hint, never an authority: it must decode as a ``ShardingPlan``,
+  re-encode, and pass the same ``accept`` check (``validate_plan``) as a file entry, else it is a
+  miss with one warning; an exception from its ``get`` or ``put`` is a warning too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
+import json
 import os
 import re
 import stat
@@ -46,7 +60,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastinit.errors import PlanMismatchError
 
@@ -58,6 +72,9 @@ __all__ = [
     "STALE_TMP_SECONDS",
     "FastinitCacheWarning",
     "PlanCache",
+    "TorchRecPlanCache",
+    "as_plan_cache",
+    "cache_metadata",
     "plan_bytes_bound",
     "resolve_cache_dir",
 ]
@@ -292,6 +309,229 @@ class PlanCache:
                 except OSError:
                     continue
         return removed
+
+
+# -- TorchRec 1.9's PlanCache protocol ----------------------------------------------------------
+
+_META_SUFFIX = ".fimeta.json"
+_MAX_META_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _CacheMetadata:
+    """TorchRec 1.9's ``CacheMetadata`` fields, for a TorchRec that has no such class (1.8)."""
+
+    created_by: str = ""
+    sku: str = ""
+    world_size: int = 0
+    extra: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _metadata_class() -> type:
+    try:
+        from torchrec.distributed.planner.dry_run.protocols import CacheMetadata
+    except ImportError:  # TorchRec before 1.9
+        return _CacheMetadata
+    return CacheMetadata
+
+
+def cache_metadata(**fields: Any) -> Any:
+    """A ``CacheMetadata`` (TorchRec's class when it has one, else a stand-in with its fields)."""
+    return _metadata_class()(**fields)
+
+
+def _fingerprint_key(request_fingerprint: str) -> bytes:
+    """The entry key of a TorchRec request fingerprint: apart from fastinit's raw-digest keys."""
+    if not isinstance(request_fingerprint, str) or not request_fingerprint:
+        raise ValueError(
+            f"a request fingerprint is a non-empty str, got {request_fingerprint!r:.80}"
+        )
+    return hashlib.sha256(b"torchrec PlanCache\0" + request_fingerprint.encode()).digest()
+
+
+class TorchRecPlanCache:
+    """This directory cache as TorchRec 1.9's ``PlanCache`` (``dry_run/protocols.py``).
+
+    ``get(request_fingerprint)`` returns ``(plan, metadata)`` or None and ``put(request_fingerprint,
+    plan, metadata)`` stores both; ``isinstance(TorchRecPlanCache(d), PlanCache)`` holds. Plans are
+    the directory's ordinary entries (same format, same checks: a corrupt, foreign, oversized or
+    non-regular entry is a miss with a warning), under a key derived from the fingerprint string;
+    the metadata is a JSON sidecar next to it, replaced atomically, and is only attribution: an
+    unreadable sidecar gives an empty ``CacheMetadata``.
+
+    Example::
+
+        from torchrec.distributed.planner.dry_run import CacheMetadata, DryRunRequest
+        cache = TorchRecPlanCache("plans")
+        fp = request.fingerprint(sku)          # a DryRunRequest's per-SKU key
+        hit = cache.get(fp)
+        if hit is None:
+            cache.put(fp, plan, CacheMetadata(sku=sku, world_size=request.world_size))
+
+    Args:
+        cache: a :class:`PlanCache` or its directory.
+        max_bytes: the read bound of ``get`` (default :data:`DEFAULT_MAX_BYTES`).
+    """
+
+    def __init__(
+        self, cache: PlanCache | str | os.PathLike[str], *, max_bytes: int | None = None
+    ) -> None:
+        self.cache = cache if isinstance(cache, PlanCache) else PlanCache(cache)
+        self.max_bytes = max_bytes
+
+    def _meta_path(self, key: bytes) -> str:
+        return self.cache.path(key)[: -len(_SUFFIX)] + _META_SUFFIX
+
+    def get(self, request_fingerprint: str) -> tuple[ShardingPlan, Any] | None:
+        key = _fingerprint_key(request_fingerprint)
+        plan = self.cache.get(key, max_bytes=self.max_bytes)
+        if plan is None:
+            return None
+        return plan, self._read_metadata(key)
+
+    def put(self, request_fingerprint: str, plan: ShardingPlan, metadata: Any = None) -> None:
+        key = _fingerprint_key(request_fingerprint)
+        if not self.cache.put(key, plan):
+            return
+        doc = {
+            "created_by": str(getattr(metadata, "created_by", "")),
+            "sku": str(getattr(metadata, "sku", "")),
+            "world_size": int(getattr(metadata, "world_size", 0) or 0),
+            "extra": {
+                str(k): str(v) for k, v in dict(getattr(metadata, "extra", {}) or {}).items()
+            },
+        }
+        path = self._meta_path(key)
+        tmp: str | None = None
+        try:
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{key.hex()[:16]}.", suffix=".tmp", dir=self.cache.directory
+            )
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(f.fileno(), 0o644)
+                json.dump(doc, f, sort_keys=True)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as e:
+            _warn(f"cannot write {path} ({e}); the plan is cached without its metadata")
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def _read_metadata(self, key: bytes) -> Any:
+        path = self._meta_path(key)
+        try:
+            data = _read_regular_file(path, _MAX_META_BYTES)
+            doc = json.loads(data) if data is not None else {}
+            return cache_metadata(
+                created_by=str(doc.get("created_by", "")),
+                sku=str(doc.get("sku", "")),
+                world_size=int(doc.get("world_size", 0)),
+                extra={str(k): str(v) for k, v in dict(doc.get("extra", {})).items()},
+            )
+        except (_Unusable, ValueError, TypeError, AttributeError) as e:
+            _warn(f"ignoring {path}: {e}")
+            return cache_metadata()
+
+
+class _ProtocolCache:
+    """What ``setup`` uses for an object with TorchRec's ``get``/``put``: :class:`PlanCache`'s
+    interface (bytes keys, ``accept``, ``max_bytes``) over the object, keyed by the key's hex."""
+
+    def __init__(self, target: Any, world_size: int) -> None:
+        self.target = target
+        self.world_size = world_size
+
+    def _describe(self) -> str:
+        return f"{type(self.target).__name__} object"
+
+    def get(
+        self,
+        key: bytes,
+        *,
+        accept: Callable[[ShardingPlan], object] | None = None,
+        max_bytes: int | None = None,
+    ) -> ShardingPlan | None:
+        from torchrec.distributed.types import ShardingPlan
+
+        from fastinit.sharding.codec import PlanDecodeError, decode_plan, encode_plan
+
+        where = self._describe()
+        try:
+            got = self.target.get(key.hex())
+        except Exception as e:  # a hint, never an authority: a failing cache is a miss
+            _warn(f"{where}.get raised {type(e).__name__}: {e}; planning instead")
+            return None
+        if got is None:
+            return None
+        plan = got[0] if isinstance(got, tuple) and len(got) == 2 else got
+        if not isinstance(plan, ShardingPlan):
+            _warn(
+                f"{where}.get returned {type(got).__name__}, not a ShardingPlan or "
+                "(ShardingPlan, CacheMetadata); planning instead"
+            )
+            return None
+        bound = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+        try:  # a copy of our own, in the form every rank compares
+            encoded = encode_plan(plan)
+            if len(encoded) > bound:
+                raise ValueError(
+                    f"it encodes to {len(encoded)} bytes, more than the bound of {bound}"
+                )
+            plan = decode_plan(encoded)
+        except (ValueError, TypeError, AttributeError, KeyError, PlanDecodeError) as e:
+            _warn(f"ignoring the plan from {where}.get: {e}; planning instead")
+            return None
+        if accept is not None:
+            try:
+                accept(plan)
+            except PlanMismatchError as e:
+                _warn(
+                    f"ignoring the plan from {where}.get: it does not fit this module and world "
+                    f"({e}); planning instead, and it will be replaced"
+                )
+                return None
+        return plan
+
+    def put(self, key: bytes, plan: ShardingPlan) -> bool:
+        metadata = cache_metadata(
+            created_by="fastinit", world_size=self.world_size, extra={"fastinit_key": key.hex()}
+        )
+        try:
+            self.target.put(key.hex(), plan, metadata)
+        except Exception as e:
+            _warn(
+                f"{self._describe()}.put raised {type(e).__name__}: {e}; continuing without caching"
+            )
+            return False
+        return True
+
+
+def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | _ProtocolCache | None:
+    """The cache ``fastinit.setup(plan_cache=...)`` uses, or None (no cache).
+
+    Args:
+        plan_cache: a directory (str or path; None: ``FASTINIT_PLAN_CACHE``, else no cache), a
+            :class:`PlanCache`, or an object with callable ``get`` and ``put`` in TorchRec 1.9's
+            ``PlanCache`` protocol (a :class:`TorchRecPlanCache`, say).
+        world_size: the job's world size (the ``CacheMetadata`` of what is put).
+
+    Raises:
+        TypeError: ``plan_cache`` is none of these.
+    """
+    if isinstance(plan_cache, PlanCache):
+        return plan_cache
+    if plan_cache is None or isinstance(plan_cache, (str, os.PathLike)):
+        directory = resolve_cache_dir(plan_cache)
+        return PlanCache(directory) if directory is not None else None
+    if callable(getattr(plan_cache, "get", None)) and callable(getattr(plan_cache, "put", None)):
+        return _ProtocolCache(plan_cache, world_size)
+    raise TypeError(
+        "plan_cache is a directory, a fastinit PlanCache or an object with get/put "
+        "(TorchRec's PlanCache protocol); got "
+        f"{type(plan_cache).__name__}"
+    )
 
 
 class _Unusable(Exception):

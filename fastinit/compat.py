@@ -277,8 +277,15 @@ def require(component: str = "setup") -> None:
             f"Missing:\n{lines}\nInstall torchrec {TORCHREC_VERSION} or use "
             "DistributedModelParallel directly."
         )
+    from fastinit import ports
+
+    ports.check(component)  # CompatibilityError naming each mirrored function that changed
     with _lock:
-        if _is_release_other_than_pinned(version) and not _warned_version:
+        if (
+            _is_release_other_than_pinned(version)
+            and f"torchrec {version.split('+')[0]}" not in ports.registered_releases()
+            and not _warned_version
+        ):
             _warned_version = True
             logger.warning(
                 "fastinit was written against torchrec %s and torchrec %s is installed; every "

@@ -18,6 +18,7 @@ __all__ = [
     "get_compile_cache",
     "get_collective_timeout",
     "get_torchrec_src",
+    "get_port_check",
     "override",
 ]
 
@@ -31,6 +32,9 @@ KNOBS: dict[str, str] = {
     "rank raises (default 300; a finite number in (0, 86400]).",
     "FASTINIT_TORCHREC_SRC": "A TorchRec source tree at the installed version: `make peer` runs its "
     "model-parallel tests with `fastinit.setup` swapped in, and so does a slow test.",
+    "FASTINIT_PORT_CHECK": "What a TorchRec/torch function fastinit mirrors whose installed source "
+    "matches no registered hash (fastinit/ports.py) does: `error` (default: a "
+    "`CompatibilityError` naming it), `warn` (one warning, then run anyway) or `off`.",
 }
 
 
@@ -57,6 +61,14 @@ def get_compile_cache() -> str | None:
 def get_torchrec_src() -> str | None:
     """A TorchRec source tree for the peer suite, or None."""
     return _get("FASTINIT_TORCHREC_SRC")
+
+
+def get_port_check() -> str:
+    """``error`` (default), ``warn`` or ``off``: see ``FASTINIT_PORT_CHECK``."""
+    value = (_get("FASTINIT_PORT_CHECK") or "error").strip().lower()
+    if value not in ("error", "warn", "off"):
+        raise ValueError(f"FASTINIT_PORT_CHECK must be error, warn or off, got {value!r}")
+    return value
 
 
 #: The longest ``FASTINIT_COLLECTIVE_TIMEOUT`` accepted: one day. A start-up collective that may

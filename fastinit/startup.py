@@ -433,7 +433,9 @@ def _explicit_plan_fingerprint(
     """The planner inputs other than the planner (tables, sharders, topology), compared across
     ranks even when the plan is given; a constant on a device TorchRec has no topology for
     ("meta"), where the plan digest alone is compared."""
-    if device.type not in ("cpu", "cuda", "mtia"):
+    from fastinit.sharding._torchrec import topology_compute_devices
+
+    if device.type not in topology_compute_devices():
         return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()
     from torchrec.distributed.comm import get_local_size
 

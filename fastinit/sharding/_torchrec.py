@@ -40,9 +40,10 @@ from __future__ import annotations
 # =================================================================================================
 import copy
 import dataclasses
+import functools
 import logging
 import types
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 import torch
@@ -158,6 +159,51 @@ def storage_reservation_details(reservation: Any) -> dict[str, Any]:
         "dense_storage": getattr(reservation, "_dense_storage", None),
         "kjt_storage": getattr(reservation, "_kjt_storage", None),
         "hbm_reserved_bytes": getattr(reservation, "_hbm_reserved_bytes", None),
+    }
+
+
+#: Device types a TorchRec planner might know; which it does is asked of the installed Topology.
+_DEVICE_CANDIDATES = ("cpu", "cuda", "mtia", "tpu", "xpu", "hpu", "mps", "meta")
+
+
+@functools.cache
+def topology_compute_devices() -> frozenset[str]:
+    """The ``compute_device`` values the installed TorchRec's ``Topology`` accepts (cpu, cuda,
+    mtia in 1.8.0; tpu too in 1.9), found by building a one-rank topology for each."""
+    quiet = logging.getLogger("torchrec.distributed.planner.types")
+    hush = _DropAll()
+    quiet.addFilter(hush)  # 1.9 warns about every Topology built directly
+    out = set()
+    try:
+        for device in _DEVICE_CANDIDATES:
+            try:
+                Topology(world_size=1, local_world_size=1, compute_device=device)
+            except (AssertionError, ValueError):
+                continue
+            out.add(device)
+    finally:
+        quiet.removeFilter(hush)
+    return frozenset(out)
+
+
+class _DropAll(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+def sku_aware_reservation_class() -> type | None:
+    """torchrec 1.9's ``SKUAwareStorageReservation`` (None where the installed one has none)."""
+    from torchrec.distributed.planner import storage_reservations
+
+    return getattr(storage_reservations, "SKUAwareStorageReservation", None)
+
+
+def sku_aware_reservation_details(reservation: Any) -> dict[str, Any]:
+    """The private fields of a ``SKUAwareStorageReservation`` the 1.9 "no plan" message prints."""
+    return {
+        "model_base_bytes": reservation._model_base_bytes,
+        "margin_bytes": getattr(reservation, "_margin_bytes", None),
+        "runtime_overhead_bytes": reservation._runtime_overhead_bytes,
     }
 
 
@@ -621,6 +667,19 @@ def _storage_key(kwargs: dict[str, Any]) -> Hashable | None:
     return tuple(parts)
 
 
+_STORAGE_ESTIMATE = (
+    "torchrec.distributed.planner.shard_estimators:EmbeddingStorageEstimator.estimate"
+)
+
+
+def _kv_params_from_constraints_only() -> bool:
+    """The installed ``EmbeddingStorageEstimator.estimate`` is 1.8.0's, which reads
+    ``key_value_params`` from the constraints only (1.9 prefers the option's own value)."""
+    from fastinit import ports
+
+    return ports.mirrors_release(_STORAGE_ESTIMATE, "torchrec 1.8.0")
+
+
 class MemoStorageEstimator(EmbeddingStorageEstimator):
     """``EmbeddingStorageEstimator`` (1.8.0) that memoises ``calculate_shard_storages``.
 
@@ -671,9 +730,17 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             if constraints and constraints.batch_sizes
             else [sharding_option.batch_size] * sharding_option.num_inputs
         )
-        key_value_params: KeyValueParams | None = (
-            constraints.key_value_params if constraints and constraints.key_value_params else None
-        )
+        key_value_params: KeyValueParams | None
+        if _kv_params_from_constraints_only():  # 1.8.0: the constraint's, if truthy
+            key_value_params = (
+                constraints.key_value_params
+                if constraints and constraints.key_value_params
+                else None
+            )
+        elif sharding_option.key_value_params is not None:  # 1.9: the option's own first
+            key_value_params = sharding_option.key_value_params
+        else:
+            key_value_params = constraints.key_value_params if constraints is not None else None
         kv_cache_load_factor: float = sharder_data.fused_params.get(
             "cache_load_factor", KV_CACHING_RATIO
         )
@@ -1009,6 +1076,8 @@ class FastEnumerator(EmbeddingEnumerator):
 
             is_pooled = ShardingOption.module_pooled(child_module, child_path)
             num_buckets_of = self._num_buckets_lookup(child_module)
+            # 1.9: each option carries its table's stash_weights (1.8.0 has neither)
+            stash_of = self._stash_weights_lookup(child_module)
 
             for name, param in sharder.shardable_parameters(child_module).items():
                 (
@@ -1032,6 +1101,9 @@ class FastEnumerator(EmbeddingEnumerator):
                     else self._get_num_buckets(name, child_module)
                 )
                 sharding_options_per_table: list[CompactOption] = []
+                extra: dict[str, Any] = {}
+                if stash_of is not None:
+                    extra["stash_weights"] = stash_of(name)
 
                 for sharding_type in self._filter_sharding_types(
                     name, sharder.sharding_types(self._compute_device), sharder_key
@@ -1088,6 +1160,7 @@ class FastEnumerator(EmbeddingEnumerator):
                             feature_names=feature_names,
                             output_dtype=output_dtype,
                             key_value_params=key_value_params,
+                            **extra,
                         )
                         sharding_options_per_table.append(
                             CompactOption(so, shard_sizes, shard_offsets)
@@ -1102,6 +1175,27 @@ class FastEnumerator(EmbeddingEnumerator):
 
                 sharding_options.extend(sharding_options_per_table)
         return sharding_options
+
+    def _stash_weights_lookup(self, module: nn.Module) -> Callable[[str], bool] | None:
+        """``_get_stash_weights(name, module)`` as a function of the table name (None where the
+        installed enumerator has no ``_get_stash_weights``). The stock method scans the module's
+        table configs for each table and option; for an ``EmbeddingBagCollection`` or
+        ``EmbeddingCollection`` it returns ``stash_weights`` of the first config with the
+        table's name (else False), read here once per module. Other modules keep the stock
+        method."""
+        stock = getattr(self, "_get_stash_weights", None)
+        if stock is None:
+            return None
+        if isinstance(module, EmbeddingBagCollection):
+            configs: list[Any] = list(module.embedding_bag_configs())
+        elif isinstance(module, EmbeddingCollection):
+            configs = list(module.embedding_configs())
+        else:
+            return lambda name: bool(stock(name, module))
+        flags: dict[str, bool] = {}
+        for config in configs:
+            flags.setdefault(config.name, bool(getattr(config, "stash_weights", False)))
+        return lambda name: flags.get(name, False)
 
     def _num_buckets_lookup(self, module: nn.Module) -> dict[str, int | None] | None:
         """``_get_num_buckets`` for every table of ``module`` at once, where it only reads configs.

@@ -1035,6 +1035,48 @@ def _proposal_storage(opts: Sequence[_Opt], proposal: Sequence[int]) -> Storage:
 # ---- the planner ---------------------------------------------------------------------------------
 
 
+_PLAN = "torchrec.distributed.planner.planners:EmbeddingShardingPlanner.plan"
+
+
+def _reservation_text(reservation: StorageReservation) -> str:
+    """The storage-reservation part of the stock "no plan" message, in the installed release's
+    words: 1.8.0 reads ``_percentage`` of any other reservation (an ``AttributeError`` where it
+    has none, as stock raises); 1.9 describes ``SKUAwareStorageReservation`` and names a
+    reservation without a percentage."""
+    from fastinit import ports
+
+    res = _tr.storage_reservation_details(reservation)
+    legacy = ports.mirrors_release(_PLAN, "torchrec 1.8.0")
+    sku_aware = _tr.sku_aware_reservation_class()
+    if isinstance(reservation, HeuristicalStorageReservation):
+        return (
+            f"\n\t  Storage reservation percentage: {res['percentage']}, "
+            f"\n\t  Per rank reservation for dense storage: {storage_repr_in_gb(res['dense_storage'])}, "
+            f"\n\t  Per rank reservation for kjt storage: {storage_repr_in_gb(res['kjt_storage'])}, "
+        )
+    if isinstance(reservation, FixedAbsoluteStorageReservation):
+        return f"\n\t  Storage reservation: {round(bytes_to_gb(res['hbm_reserved_bytes']), 3)} GB per device, "
+    if not legacy and sku_aware is not None and isinstance(reservation, sku_aware):
+        sku = _tr.sku_aware_reservation_details(reservation)
+        static_base = (
+            f"Measured model base: {round(bytes_to_gb(sku['model_base_bytes']), 3)} GB"
+            if sku["model_base_bytes"] is not None
+            else f"Home-anchored margin: {round(bytes_to_gb(sku['margin_bytes']), 3)} GB"
+        )
+        return (
+            f"\n\t  {static_base}, "
+            f"\n\t  Per rank reservation for dense storage: {storage_repr_in_gb(res['dense_storage'])}, "
+            f"\n\t  Per rank reservation for kjt storage: {storage_repr_in_gb(res['kjt_storage'])}, "
+            f"\n\t  Runtime overhead: {round(bytes_to_gb(sku['runtime_overhead_bytes']), 3)} GB"
+        )
+    if legacy:
+        return f"\n\t  Storage reservation percentage: {_tr.reservation_percentage(reservation)}, "
+    percentage = res["percentage"]
+    if percentage is not None:
+        return f"\n\t  Storage reservation percentage: {percentage}, "
+    return f"\n\t  Storage reservation: {type(reservation).__name__}, "
+
+
 class FastPlanner(EmbeddingShardingPlanner):
     """``EmbeddingShardingPlanner`` that returns the same plan, much sooner.
 
@@ -1109,6 +1151,16 @@ class FastPlanner(EmbeddingShardingPlanner):
         #: why the last ``plan`` call ran the stock planner (None: the fast search ran)
         self.fallback_reason: str | None = None
 
+    if hasattr(EmbeddingShardingPlanner, "get_search_space"):  # torchrec 1.9
+
+        def get_search_space(self) -> list[ShardingOption] | None:
+            """The enumerated search space of the last ``plan`` (as the stock planner keeps it),
+            its options' shards built on first call."""
+            space = self.__dict__.pop("_fastinit_space", None)
+            if space is not None:
+                self._search_space = [c.materialise() for c in space]
+            return cast(Any, super()).get_search_space()
+
     def _static_blocker(self) -> str | None:
         if self.plan_loader is not None:
             return "plan_loader is set"
@@ -1140,6 +1192,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         # time. It is switched back on, as it was, before returning.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        self.__dict__.pop("_fastinit_space", None)
         try:
             self.fallback_reason = self._static_blocker()
             if self.fallback_reason is None:
@@ -1178,6 +1231,9 @@ class FastPlanner(EmbeddingShardingPlanner):
                 ]
             except _tr.CompactUnsupported as e:
                 raise _Unsupported(str(e)) from e
+        if hasattr(self, "_search_space"):  # 1.9: get_search_space() gives it (built on demand)
+            cast(Any, self)._search_space = None
+            self._fastinit_space = space
         if not space:
             return ShardingPlan({})
 
@@ -1437,17 +1493,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         global_storage_constraints = reduce(
             lambda x, y: x + y, [device.storage for device in storage_constraint.devices]
         )
-        res = _tr.storage_reservation_details(self._storage_reservation)
-        if isinstance(self._storage_reservation, HeuristicalStorageReservation):
-            storage_reservation_solution = (
-                f"\n\t  Storage reservation percentage: {res['percentage']}, "
-                f"\n\t  Per rank reservation for dense storage: {storage_repr_in_gb(res['dense_storage'])}, "
-                f"\n\t  Per rank reservation for kjt storage: {storage_repr_in_gb(res['kjt_storage'])}, "
-            )
-        elif isinstance(self._storage_reservation, FixedAbsoluteStorageReservation):
-            storage_reservation_solution = f"\n\t  Storage reservation: {round(bytes_to_gb(res['hbm_reserved_bytes']), 3)} GB per device, "
-        else:
-            storage_reservation_solution = f"\n\t  Storage reservation percentage: {_tr.reservation_percentage(self._storage_reservation)}, "
+        storage_reservation_solution = _reservation_text(self._storage_reservation)
         no_plan_solution = (
             f"Planner evaluated {self._num_proposals} proposals."
             "\nPossible solutions:"

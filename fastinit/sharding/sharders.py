@@ -51,12 +51,33 @@ _VIRTUAL_KERNELS = frozenset(
 )
 
 
-def _ddp_without_init_sync(lookup: nn.Module, env: Any, device: torch.device | None) -> nn.Module:
+_EBC_INIT_DP = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection.init_data_parallel"
+
+
+def _ebc_ddp_device_types() -> frozenset[str]:
+    """The device types whose device the stock EBC ``init_data_parallel`` hands DDP as
+    ``device_ids``: cuda and mtia in 1.8.0, tpu too in 1.9 (stock EC: cuda only, both)."""
+    from fastinit import ports
+
+    if ports.mirrors_release(_EBC_INIT_DP, "torchrec 1.8.0"):
+        return frozenset({"cuda", "mtia"})
+    return frozenset({"cuda", "mtia", "tpu"})
+
+
+def _skips_grad_sync(module: Any) -> bool:
+    """torchrec 1.9's ``mark_data_parallel_skip_grad_sync``: the module's data-parallel lookups
+    stay unwrapped (no DDP). 1.8.0 has no such mark."""
+    return bool(getattr(module, "_skip_data_parallel_grad_sync", False))
+
+
+def _ddp_without_init_sync(
+    lookup: nn.Module, env: Any, device: torch.device | None, device_types: frozenset[str]
+) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
         module=lookup,
-        device_ids=[device] if device is not None and device.type in {"cuda", "mtia"} else None,
+        device_ids=[device] if device is not None and device.type in device_types else None,
         process_group=env.process_group,
         gradient_as_bucket_view=True,
         broadcast_buffers=True,
@@ -114,13 +135,17 @@ class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagColl
         _kernels.fast_classes().ebc_initialize_torch_state(self, skip_registering)
 
     def init_data_parallel(self) -> None:
+        # TorchRec's method (1.8.0 and 1.9), DDP without its init sync
         from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingSharding
 
+        if _skips_grad_sync(self):
+            return
+        types = _ebc_ddp_device_types()
         for i, (sharding, lookup) in enumerate(
             zip(self._embedding_shardings, self._lookups, strict=True)
         ):
             if isinstance(sharding, DpPooledEmbeddingSharding):
-                self._lookups[i] = _ddp_without_init_sync(lookup, self._env, self._device)
+                self._lookups[i] = _ddp_without_init_sync(lookup, self._env, self._device, types)
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -149,15 +174,22 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         return list(self._embedding_configs)
 
     def init_data_parallel(self) -> None:
+        # TorchRec's method (1.8.0 and 1.9), DDP without its init sync; device_ids on CUDA only
+        # (the EC's stock set, narrower than the EBC's)
         from torchrec.distributed.sharding.dp_sequence_sharding import (
             DpSequenceEmbeddingSharding,
         )
 
+        if _skips_grad_sync(self):
+            return
+        types = frozenset({"cuda"})
         for index, (sharding, lookup) in enumerate(
             zip(self._sharding_type_to_sharding.values(), self._lookups, strict=True)
         ):
             if isinstance(sharding, DpSequenceEmbeddingSharding):
-                self._lookups[index] = _ddp_without_init_sync(lookup, self._env, self._device)
+                self._lookups[index] = _ddp_without_init_sync(
+                    lookup, self._env, self._device, types
+                )
 
     def _create_lookups(self) -> None:
         # TorchRec's method (1.8.0), with fastinit's lookups

@@ -81,8 +81,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scratch = args.out or tempfile.mkdtemp(prefix="fastinit-ckpt-bench-")
     os.makedirs(scratch, exist_ok=True)
     store = dist.FileStore(os.path.join(scratch, "store"), 1)
-    kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, store=store, rank=0, world_size=1, **kwargs)
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=0,
+        world_size=1,
+        device_id=device if device.type == "cuda" else None,  # torch 2.15's nccl needs it
+    )
     try:
         model = _model(device, args.rows, args.tables, args.dim, seed=1)
         opts = {"optim": model.fused_optimizer}

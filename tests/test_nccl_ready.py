@@ -47,10 +47,27 @@ def _call_text(text: str, start: int) -> str:
     return text[start + 1 :]
 
 
-def _needs_device_id(args: str) -> bool:
+def _constants(path: Path, text: str) -> dict[str, object]:
+    """Module-level ``NAME = <literal>`` bindings of a .py file (a backend named by a constant)."""
+    if path.suffix != ".py":
+        return {}
+    out: dict[str, object] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+                out[target.id] = node.value.value
+    return out
+
+
+def _needs_device_id(args: str, constants: dict[str, object] | None = None) -> bool:
     """A call (code in a .py file, or in a docstring or Markdown example) that may create a CUDA
-    group: anything but a literal CPU-only backend or a bare mention ``init_process_group()``."""
+    group: anything but a CPU-only backend (a literal, or a module constant bound to one) or a
+    bare mention ``init_process_group()``."""
     args = " ".join(args.split())
+    first_name = args.split(",")[0].strip()
+    if constants and constants.get(first_name) in CPU_ONLY:
+        return False
     if re.fullmatch(r"(\w+=\.\.\.(, )?)*|\.\.\.", args):  # prose: "init_process_group(timeout=...)"
         return False
     first = args.split(",")[0].strip()
@@ -66,10 +83,11 @@ def test_every_cuda_init_process_group_passes_device_id() -> None:
     seen = 0
     for path in _files():
         text = path.read_text()
+        constants = _constants(path, text)
         for m in _CALL.finditer(text):
             seen += 1
             args = _call_text(text, m.end() - 1)
-            if _needs_device_id(args) and "device_id" not in args:
+            if _needs_device_id(args, constants) and "device_id" not in args:
                 line = text.count("\n", 0, m.start()) + 1
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: init_process_group({args})")
     assert seen > 10, "the scan found almost no calls: is it looking in the right place?"

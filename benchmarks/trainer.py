@@ -533,12 +533,40 @@ class _Trainer:
         return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
 
 
+class _Recent:
+    """The data iterator, remembering its last few batches by position (0: the first)."""
+
+    def __init__(self, it: Any, keep: int = 4) -> None:
+        self._it = it
+        self._keep = keep
+        self._recent: dict[int, Any] = {}
+        self._n = 0
+
+    def __iter__(self) -> _Recent:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._it)
+        self._recent[self._n] = batch
+        self._recent.pop(self._n - self._keep, None)
+        self._n += 1
+        return batch
+
+    def batch(self, index: int) -> Any:
+        return self._recent[index]
+
+
 def _loss(out: Any) -> float:
     return float(out[0].detach().float()) if isinstance(out, tuple) else float("nan")
 
 
 def _train_on(
-    trainer: _Trainer, pipeline: Any, data: Any, first: int, losses: dict[int, float]
+    trainer: _Trainer,
+    pipeline: Any,
+    data: _Recent,
+    first: int,
+    losses: dict[int, float],
+    last: Any,
 ) -> None:
     """After the first step (``first``): the checkpoint and fault hooks for it, then the other
     steps up to ``--steps``, each followed by the hooks; their losses go into ``losses`` and,
@@ -565,6 +593,17 @@ def _train_on(
                 blocking = saver.save(step, trainer.model, trainer.optimizer)
             trainer.info["save"] = {"step": step, "blocking_s": blocking}
         if saver is not None and step == config.checkpoint_step + 1:
+            # For `fastinit publish`: step K + 1's forward ran on the checkpoint's state.
+            from fastinit.checkpoint import record_verification
+
+            record_verification(
+                os.path.join(str(config.checkpoint_dir), f"step-{config.checkpoint_step}"),
+                data.batch(step - first),
+                # The model's forward output: (loss, output); the pipeline returned output,
+                # whose first element is the reference model's detached loss.
+                (last[0], last),
+                rank=trainer.rank,
+            )
             with trace.span("checkpoint_wait", step=step):  # the save overlapped one step
                 saver.wait()
         faults.after_step(step, trainer.rank)
@@ -572,7 +611,8 @@ def _train_on(
             break
         step += 1
         with trace.span("step", step=step):
-            losses[step] = _loss(pipeline.progress(data))
+            last = pipeline.progress(data)
+            losses[step] = _loss(last)
     if saver is not None:
         saver.wait()
 
@@ -681,7 +721,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     from fastinit.warmup import compile_count
 
     graphs_before = compile_count()
-    data = itertools.chain([first], it)
+    data = _Recent(itertools.chain([first], it))
     step = trainer.resume_from[1] + 1 if trainer.resume_from is not None else 1
     with trace.span("first_step"):
         out = pipeline.progress(data)
@@ -727,7 +767,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     if config.mode == "stock-best":
         with trace.span("save_for_next_run"):
             trainer.save_for_next_run()
-    _train_on(trainer, pipeline, data, step, losses)
+    _train_on(trainer, pipeline, data, step, losses, out)
     summary["losses"] = {str(k): v for k, v in sorted(losses.items())}
     summary.update({k: trainer.info[k] for k in ("resume_how", "resumed_from_step", "save")
                     if k in trainer.info})  # fmt: skip

@@ -6,6 +6,7 @@
     fastinit report traces/ --out traces/report
     fastinit checkpoint interval --blocking-s 2.5 --mtbf-h 7.9
     fastinit checkpoint consolidate /ckpt/step-1000
+    fastinit publish ckpt/step-1000 --out serving/step-1000 --model my_trainer:build_model
 
 ``fastinit plan`` builds the model from a factory, runs the planner the job would run (fastinit's
 ``FastPlanner`` for the job's topology, or the planner a factory returns), and stores the plan in
@@ -21,6 +22,10 @@ plus the time checkpoints block the loop (:mod:`fastinit.checkpoint.interval`).
 
 ``fastinit checkpoint consolidate DIR`` writes DCP's global ``.metadata`` for a fastinit
 checkpoint (:func:`fastinit.checkpoint.consolidate`), after which stock ``dcp.load`` reads it.
+
+``fastinit publish`` loads a checkpoint of any world size into the unsharded model on a CPU host,
+writes its state_dict and its dense part (``torch.export``) and verifies them against the batch
+the trainer recorded (:mod:`fastinit.checkpoint.publishing`).
 
 The command configures logging for the ``fastinit`` logger only; nothing here touches the root
 logger, so importing this module from a trainer changes nothing.
@@ -450,6 +455,45 @@ def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_publish(args: argparse.Namespace) -> int:
+    import torch
+
+    from fastinit.checkpoint.publishing import PublishError, publish
+
+    module = load_factory(args.model)(**_parse_args(args.arg))
+    if not isinstance(module, torch.nn.Module):
+        raise CliError(f"{args.model} returned {type(module).__name__}, not a torch.nn.Module")
+    try:
+        report = publish(
+            args.checkpoint,
+            args.out,
+            module,
+            batch_file=args.batch,
+            export=not args.no_export,
+        )
+    except PublishError as e:
+        raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=1))
+    else:
+        verdict = {
+            True: f"verified: the recorded batch gives the recorded output (max diff "
+            f"{report.max_abs_diff:.2e})",
+            False: f"NOT VERIFIED: the output differs from the recorded one (max diff "
+            f"{report.max_abs_diff})",
+            None: "not verified: the checkpoint holds no recorded batch",
+        }[report.verified]
+        print(f"published {report.checkpoint} ({report.load}) to {report.out}")
+        print(f"  {report.format}: {report.state_dict_file} ({report.tensors} tensors, "
+              f"{report.bytes / 1e6:.1f} MB)")  # fmt: skip
+        for name, path in report.exported.items():
+            print(f"  torch.export {name}: {path}")
+        for name, why in report.export_errors.items():
+            print(f"  not exported {name}: {why}")
+        print(f"  {verdict}")
+    return 1 if report.verified is False else 0
+
+
 # -- entry point --------------------------------------------------------------------------------
 
 
@@ -531,6 +575,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cc.add_argument("dir", help="a committed fastinit checkpoint directory")
     cc.set_defaults(run=_cmd_consolidate)
+
+    pub = sub.add_parser(
+        "publish",
+        help="the unsharded model from a checkpoint, on a CPU host, verified",
+        description="Load a checkpoint of any world size into the unsharded model (a world of "
+        "one; the checkpoint is only read, so training may go on), write its state_dict "
+        "(safetensors, else torch.save) and its dense part via torch.export to a fresh OUT, and "
+        "verify that the batch the trainer recorded at save time gives the recorded output. "
+        "Exit status 1 when the verification fails.",
+    )
+    pub.add_argument("checkpoint", help="the checkpoint directory")
+    pub.add_argument("-o", "--out", required=True, help="output directory (new or empty)")
+    pub.add_argument("--model", required=True, metavar="MODULE:FUNCTION",
+                     help="factory of the unsharded model (module:function or file.py:function)")  # fmt: skip
+    pub.add_argument("-a", "--arg", action="append", default=[], metavar="KEY=VALUE",
+                     help="keyword argument for the model factory; repeatable")  # fmt: skip
+    pub.add_argument("--batch", help="the recorded batch (default: CHECKPOINT/fastinit-verify.pt)")
+    pub.add_argument("--no-export", action="store_true", help="skip torch.export")
+    pub.add_argument("--json", action="store_true", help="print the report as JSON")
+    pub.set_defaults(run=_cmd_publish)
     return parser
 
 

@@ -13,6 +13,9 @@
 * :func:`consolidate` — writes DCP's global ``.metadata`` so stock ``dcp.load`` reads the
   checkpoint (``fastinit checkpoint consolidate DIR``).
 * :func:`choose_interval` — the checkpoint interval minimising unsaved work plus blocking.
+* :func:`publish` — the unsharded model from a checkpoint of any world size, on a CPU host,
+  written (safetensors / ``torch.save``, ``torch.export``) and verified against the batch the
+  trainer recorded with :func:`record_verification`.
 
 Helpers for tools and benchmarks: :func:`read_index` (the parsed :class:`Index`),
 :func:`rank_dir` (a rank's directory), :func:`flat_target` (the flat state a load fills) and
@@ -41,6 +44,13 @@ if TYPE_CHECKING:
         plan_reads,
     )
     from fastinit.checkpoint.reshard import StoredShard, overlapping
+    from fastinit.checkpoint.publishing import (
+        PublishError,
+        PublishReport,
+        load_unsharded,
+        publish,
+        record_verification,
+    )
     from fastinit.checkpoint.saving import SaveHandle, save
 
 _EXPORTS: dict[str, str] = {
@@ -60,6 +70,10 @@ _EXPORTS: dict[str, str] = {
     "rank_dir": "format",
     "overlapping": "reshard",
     "StoredShard": "reshard",
+    **dict.fromkeys(
+        ("PublishError", "PublishReport", "load_unsharded", "publish", "record_verification"),
+        "publishing",
+    ),
 }
 
 __all__ = [
@@ -81,6 +95,11 @@ __all__ = [
     "rank_dir",
     "read_index",
     "save",
+    "PublishError",
+    "PublishReport",
+    "load_unsharded",
+    "publish",
+    "record_verification",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 

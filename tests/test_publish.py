@@ -123,7 +123,7 @@ def test_publish_a_4_rank_checkpoint_on_a_world_of_one(tmp_path: pathlib.Path) -
     with open(out / "publish.json") as f:
         report = json.load(f)
     assert report["verified"] is True, report
-    assert report["load"] == "dcp resharded"
+    assert report["load"].startswith(("dcp resharded", "fastinit.checkpoint.load")), report
     assert set(report["exported"]) == {"dense_arch", "over_arch"}, report["export_errors"]
 
     # The state_dict on disk is the checkpoint's model, whole; the exported programs run.

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
         overlaps,
         plan_reads,
     )
-    from fastinit.checkpoint.reshard import StoredShard, overlapping
     from fastinit.checkpoint.publishing import (
         PublishError,
         PublishReport,
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
         publish,
         record_verification,
     )
+    from fastinit.checkpoint.reshard import StoredShard, overlapping
     from fastinit.checkpoint.saving import SaveHandle, save
 
 _EXPORTS: dict[str, str] = {

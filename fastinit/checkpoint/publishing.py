@@ -161,8 +161,11 @@ def load_unsharded(checkpoint_dir: str, model: nn.Module) -> str:
                 f"{checkpoint_dir}: no DCP .metadata, and this fastinit has no "
                 "fastinit.checkpoint.load to read another format"
             )
-        load(checkpoint_dir, model)
-        return "fastinit.checkpoint.load"
+        try:
+            report = load(checkpoint_dir, model)
+        except Exception as e:  # noqa: BLE001 - CheckpointError and what DCP raises
+            raise PublishError(f"{checkpoint_dir} does not fit the model: {e}") from e
+        return f"fastinit.checkpoint.load ({getattr(report, 'mode', '?')})"
     state = {"model": model.state_dict()}
     try:
         dcp.load(

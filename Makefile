@@ -33,12 +33,14 @@ BENCH_ARGS ?=
 .PHONY: test bench ttfb projection scale baseline micro lint env clean gpu-check peer
 
 # The 1.9 lane: the start-up path end to end (setup/equivalence, seeding, protocol, planner
-# identity, warm-up, plan cache and its TorchRec protocol, compat); the rest of the suite runs on
-# the default stack.
+# identity, warm-up, plan cache and its TorchRec protocol, compat, the port registry and the
+# ports compared with the installed release, nccl2-readiness); the rest of the suite runs on the
+# default stack.
 STACK_TESTS_1.9 := tests/test_setup.py tests/test_seeding.py tests/test_protocol.py \
   tests/test_planner.py tests/test_warmup.py tests/test_warmup_api.py tests/test_plan_cache.py \
   tests/test_plan_cache_protocol.py tests/test_compat.py tests/test_fingerprint.py \
-  tests/test_import.py
+  tests/test_import.py tests/test_ports.py tests/test_installed_release.py \
+  tests/test_nccl_ready.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

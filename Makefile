@@ -40,7 +40,7 @@ STACK_TESTS_1.9 := tests/test_setup.py tests/test_seeding.py tests/test_protocol
   tests/test_planner.py tests/test_warmup.py tests/test_warmup_api.py tests/test_plan_cache.py \
   tests/test_plan_cache_protocol.py tests/test_compat.py tests/test_fingerprint.py \
   tests/test_import.py tests/test_ports.py tests/test_installed_release.py \
-  tests/test_nccl_ready.py
+  tests/test_nccl_ready.py tests/test_table_errors.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

@@ -633,10 +633,18 @@ def _optimizer_state_metadata(
     return got, metadata
 
 
+# torch's own constructor, as this module found it: fast_sharded_tensor stands for it only.
+_TORCH_INIT = ShardedTensor.__dict__.get("_init_from_local_shards_and_global_metadata")
+
+
 def sharded_tensor(*args: Any, **kwargs: Any) -> Any:
     """``ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)``:
     :func:`fast_sharded_tensor`, or torch's own where that declines (RPC references,
-    worker-named placements)."""
+    worker-named placements) or where torch's has been replaced since (a wrapper or a fault
+    injection, as in TorchRec's own tests: whatever it does or raises is what happens, and
+    TorchRec 1.9's ``_initialize_torch_state`` names the table in the error as it does stock)."""
+    if ShardedTensor.__dict__.get("_init_from_local_shards_and_global_metadata") is not _TORCH_INIT:
+        return ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)
     out = fast_sharded_tensor(*args, **kwargs)
     if out is NotImplemented:
         out = ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)

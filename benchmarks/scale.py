@@ -1,7 +1,8 @@
 """Per-rank start-up work from 64 to 8,192 ranks: stock TorchRec against fastinit.
 
     python -m benchmarks.scale [--ranks 64,256,1024,4096,8192] [--stock-max 1024] [--repeats 3]
-                               [--quick] [--profile N]
+                               [--model-factory MOD:FN] [--plan-factory MOD:FN]
+                               [--paths compact,explicit] [--quick] [--profile N [--explicit]]
 
 One process is one rank (the last of N) on torch's fake process-group backend; each world size
 and mode runs in its own process. The rank receives the plan as bytes, as a real receiving rank
@@ -9,11 +10,24 @@ would (fastinit's codec), then times:
 
 * ``fastinit``: ``fastinit.setup(module, plan=decoded plan, ...)`` — validation, digest, the
   start-up exchange, process groups, the sharded model (DMP) from the compact plan.
+* ``explicit``: ``fastinit.setup(module, plan=explicit plan, ...)`` where the plan is the
+  user's own objects — one ``ShardMetadata`` per shard, as TorchRec's
+  ``construct_module_sharding_plan`` (or ``torch.load`` of a saved plan) gives them. The
+  plan factory runs in the measured process, before and outside the timing: its seconds are
+  reported as ``torchrec_plan_s`` (TorchRec's time, the user's, not fastinit's).
 * ``stock``: ``DistributedModelParallel(module, plan=..., sharders=...)`` with the plan expanded to
   TorchRec's own objects (what ``broadcast_object_list`` hands a stock rank). Stock cannot build an
   ``EmbeddingCollection`` on the fake backend (its per-table ``all_gather_object`` gets no
   answers), so stock runs on the model's ``EmbeddingBagCollection`` part only; fastinit is
   measured on that same part too (``same_as_stock``) besides the whole model.
+
+``--model-factory module:function`` (called with no arguments; the model on the meta device) and
+``--plan-factory module:function`` (called as ``fn(module, world_size, local_world_size)``,
+returning an explicit ``ShardingPlan``) measure a model and plan of the user's; the defaults are
+``--model`` and ``--plan`` built with ``fastinit.testing.models.build_plan`` (TorchRec's
+``sharding_plan`` helpers). :func:`reference_model` / :func:`reference_plan` are the 288-table
+model and six-layout plan of issue 23 (``--model-factory benchmarks.scale:reference_model
+--plan-factory benchmarks.scale:reference_plan``).
 
 Peak RSS is the process's ``ru_maxrss`` (imports included; ``rss_before_mb`` is the same before
 setup). Results: ``scale.json`` (schema ``{"model", "rows": [{"world_size", "mode", "setup_s",
@@ -73,9 +87,31 @@ class ScaleConfig:
     """Per measurement."""
     out: str = "benchmarks/results/scale"
     """Where scale.json/.md/.png go."""
+    model_factory: str | None = None
+    """``module:function`` building the model (on meta); None: :attr:`model`."""
+    plan_factory: str | None = None
+    """``module:function``: ``fn(module, world_size, local_world_size)`` -> an explicit plan;
+    None: :attr:`plan` through ``build_plan``."""
+    paths: tuple[str, ...] = ("compact",)
+    """fastinit's paths: ``compact`` (the plan as a receiving rank decodes it) and
+    ``explicit`` (the plan factory's own objects)."""
 
 
-def _model(name: str, ebc_only: bool) -> Any:
+def _resolve(ref: str) -> Any:
+    """The function named ``module:function``."""
+    import importlib
+
+    module, sep, fn = ref.partition(":")
+    if not sep or not module or not fn:
+        raise ValueError(f"expected module:function, got {ref!r}")
+    return getattr(importlib.import_module(module), fn)
+
+
+def _model(name: str, ebc_only: bool, factory: str | None = None) -> Any:
+    if factory is not None:
+        if ebc_only:
+            raise ValueError("a factory model has no EBC-only variant (use --stock-max 0)")
+        return _resolve(factory)()
     from benchmarks.trainer import model_spec
     from fastinit.testing.models import build_model
 
@@ -83,6 +119,73 @@ def _model(name: str, ebc_only: bool) -> Any:
     if ebc_only:
         spec = dataclasses.replace(spec, num_ec_tables=0)
     return build_model(spec, device="meta")
+
+
+def _plan(module: Any, plan: str, n: int, local: int, factory: str | None = None) -> Any:
+    """The explicit plan: the factory's, else ``PLANS[plan]`` through ``build_plan``."""
+    if factory is not None:
+        return _resolve(factory)(module, n, local)
+    from fastinit.testing.models import build_plan
+
+    return build_plan(module, plan_types(module, plan), world_size=n, local_world_size=local)
+
+
+def reference_model() -> Any:
+    """Issue 23's model: 288 tables, in an EmbeddingBagCollection (192), a weighted one (32) and
+    an EmbeddingCollection (64), on the meta device."""
+    from fastinit.testing.models import ModelSpec, build_model
+
+    spec = ModelSpec(num_tables=192, num_weighted_tables=32, num_ec_tables=64, rows=2000)
+    return build_model(spec, device="meta")
+
+
+def reference_plan(module: Any, world_size: int, local_world_size: int) -> Any:
+    """Issue 23's explicit plan, through TorchRec's ``construct_module_sharding_plan``: row-wise,
+    table-row-wise on one host, grid over one host, column-wise over 4 ranks, table-wise and
+    data-parallel, cycled over the tables (the EmbeddingCollection: its four types)."""
+    from torchrec.distributed import sharding_plan as sp
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    hosts = max(1, world_size // local_world_size)
+    kinds = ("row_wise", "table_row_wise", "grid_shard", "column_wise", "table_wise")
+    kinds += ("data_parallel",)
+    index = 0
+    plan: dict[str, Any] = {}
+    for path, m in module.named_modules():
+        if not isinstance(m, EmbeddingBagCollection | EmbeddingCollection):
+            continue
+        is_ec = isinstance(m, EmbeddingCollection)
+        configs = m.embedding_configs() if is_ec else m.embedding_bag_configs()
+        per_param: dict[str, Any] = {}
+        for c in configs:
+            usable = [k for k in kinds if not is_ec or k in EC_TYPES]
+            kind = usable[index % len(usable)]
+            i, index = index, index + 1
+            if kind == "row_wise":
+                per_param[c.name] = sp.row_wise(compute_kernel="fused")
+            elif kind == "table_row_wise":
+                per_param[c.name] = sp.table_row_wise(host_index=i % hosts)
+            elif kind == "grid_shard":
+                per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts])
+            elif kind == "column_wise":
+                ranks = [(i + k) % world_size for k in range(min(4, world_size))]
+                per_param[c.name] = sp.column_wise(ranks=ranks, compute_kernel="fused")
+            elif kind == "table_wise":
+                per_param[c.name] = sp.table_wise(rank=i % world_size, compute_kernel="fused")
+            else:
+                per_param[c.name] = sp.data_parallel()
+        plan[path] = sp.construct_module_sharding_plan(
+            m,
+            per_param,
+            local_size=local_world_size,
+            world_size=world_size,
+            device_type="cpu",
+        )
+        for ps in plan[path].values():
+            if ps.sharding_type != "data_parallel":
+                ps.compute_kernel = "fused"
+    return ShardingPlan(plan)
 
 
 #: The sharding types TorchRec's EmbeddingCollection supports.
@@ -110,15 +213,21 @@ def plan_types(module: Any, plan: str) -> dict[str, str]:
     return out
 
 
-def write_plan(model: str, plan: str, n: int, local: int, ebc_only: bool, path: str) -> int:
+def write_plan(
+    model: str,
+    plan: str,
+    n: int,
+    local: int,
+    ebc_only: bool,
+    path: str,
+    model_factory: str | None = None,
+    plan_factory: str | None = None,
+) -> int:
     """Encode the plan for ``n`` ranks into ``path`` (what the planning rank sends)."""
     from fastinit.sharding.codec import encode_plan
-    from fastinit.testing.models import build_plan
 
-    module = _model(model, ebc_only)
-    data = encode_plan(
-        build_plan(module, plan_types(module, plan), world_size=n, local_world_size=local)
-    )
+    module = _model(model, ebc_only, model_factory)
+    data = encode_plan(_plan(module, plan, n, local, plan_factory))
     with open(path, "wb") as f:
         f.write(data)
     return len(data)
@@ -131,9 +240,19 @@ def _rss_mb() -> float:
 
 
 def measure_rank(
-    model: str, n: int, local: int, mode: str, plan_path: str, ebc_only: bool
+    model: str,
+    n: int,
+    local: int,
+    mode: str,
+    plan_path: str,
+    ebc_only: bool,
+    model_factory: str | None = None,
+    plan_factory: str | None = None,
+    plan_name: str = "mixed4",
 ) -> dict[str, Any]:
-    """Set up rank ``n - 1`` of ``n`` on the fake backend (run in a fresh process)."""
+    """Set up rank ``n - 1`` of ``n`` on the fake backend (run in a fresh process); ``mode``:
+    ``fastinit`` (the compact plan, decoded from ``plan_path``), ``explicit`` (the plan
+    factory's objects, built here outside the timing) or ``stock``."""
     import logging
     import warnings
 
@@ -157,12 +276,20 @@ def measure_rank(
             "fakestate", fake_pg._create_fake_pg, extended_api=True, devices=["cpu"]
         )
     dist.init_process_group("fakestate", store=FakeStore(), rank=n - 1, world_size=n)
-    module = _model(model, ebc_only)
-    with open(plan_path, "rb") as f:
-        data = f.read()
+    module = _model(model, ebc_only, model_factory)
+    torchrec_plan_s = None
+    if mode == "explicit":
+        t0 = time.perf_counter()
+        plan = _plan(module, plan_name, n, local, plan_factory)
+        torchrec_plan_s = time.perf_counter() - t0
+        data = b""
+    else:
+        with open(plan_path, "rb") as f:
+            data = f.read()
     rss_before = _rss_mb()
     t0 = time.perf_counter()
-    plan = decode_plan(data)
+    if mode != "explicit":
+        plan = decode_plan(data)
     decode_s = time.perf_counter() - t0
     device = torch.device("cpu")
     import gc
@@ -177,7 +304,7 @@ def measure_rank(
             collecting[2] += info["generation"] == 2
 
     gc.callbacks.append(on_gc)
-    if mode == "fastinit":
+    if mode in ("fastinit", "explicit"):
         import fastinit
 
         t = time.perf_counter()
@@ -207,6 +334,7 @@ def measure_rank(
         "rss_before_mb": rss_before,
         "decode_s": decode_s,
         "plan_bytes": len(data),
+        "torchrec_plan_s": torchrec_plan_s,
     }
 
 
@@ -241,23 +369,27 @@ def run(config: ScaleConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:
         for n in config.ranks:
             local = min(config.local_world_size, n)
-            for ebc_only in (False, True) if n <= config.stock_max else (False,):
+            factories = (config.model_factory, config.plan_factory)
+            stock = n <= config.stock_max and config.model_factory is None
+            for ebc_only in (False, True) if stock else (False,):
                 path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
                 _in_subprocess(
                     "write_plan",
-                    (config.model, config.plan, n, local, ebc_only, path),
+                    (config.model, config.plan, n, local, ebc_only, path, *factories),
                     config.timeout_s,
                 )
-            jobs = [("fastinit", False, rows)]
-            if n <= config.stock_max:  # stock, and fastinit on the same (EBC) part
+            jobs = [("fastinit", False, rows)] if "compact" in config.paths else []
+            if "explicit" in config.paths:
+                jobs.append(("explicit", False, rows))
+            if stock:  # stock, and fastinit on the same (EBC) part
                 jobs += [("fastinit", True, same), ("stock", True, rows)]
             for mode, ebc_only, into in jobs:
                 path = os.path.join(tmp, f"plan-{n}-{int(ebc_only)}.bin")
                 samples = []
-                for _ in range(max(1, config.repeats) if mode == "fastinit" else 1):
+                for _ in range(max(1, config.repeats) if mode != "stock" else 1):
                     got = _in_subprocess(
                         "measure_rank",
-                        (config.model, n, local, mode, path, ebc_only),
+                        (config.model, n, local, mode, path, ebc_only, *factories, config.plan),
                         config.timeout_s,
                     )
                     if "error" in got:
@@ -274,26 +406,34 @@ def run(config: ScaleConfig) -> dict[str, Any]:
                     continue
                 into.append(got)
                 part = "EBC part" if ebc_only else "whole model"
-                spread = "/".join(f"{x:.2f}" for x in got["samples_s"])
+                spread = "/".join(f"{x:.2f}" for x in got.get("samples_s", [got["setup_s"]]))
+                extra = (
+                    f"  (TorchRec's plan {got['torchrec_plan_s']:.2f} s)"
+                    if got.get("torchrec_plan_s") is not None
+                    else f"  plan {got['plan_bytes']:>9} B"
+                )
                 print(
                     f"{n:>6} {mode:<8} {part:<11} setup {got['setup_s']:7.2f} s ({spread}; "
-                    f"GC {got['gc_s']:.2f} s)  peak RSS {got['peak_rss_mb']:7.0f} MB  "
-                    f"plan {got['plan_bytes']:>9} B",
+                    f"GC {got['gc_s']:.2f} s)  peak RSS {got['peak_rss_mb']:7.0f} MB{extra}",
                     flush=True,
                 )
     fast = [(r["world_size"], r["setup_s"]) for r in rows if r["mode"] == "fastinit"]
+    explicit = [(r["world_size"], r["setup_s"]) for r in rows if r["mode"] == "explicit"]
     result = {
-        "model": config.model,
-        "plan": config.plan,
+        "model": config.model_factory or config.model,
+        "plan": config.plan_factory or config.plan,
         "rows": [{k: r[k] for k in ("world_size", "mode", "setup_s", "peak_rss_mb")} for r in rows],
         "details": rows,
         "same_as_stock": same,
         "errors": errors,
         "exponent_512_8192": fit_exponent(fast, 512, 8192),
         "exponent_64_8192": fit_exponent(fast, 64, 8192),
+        "explicit_exponent_64_8192": fit_exponent(explicit, 64, 8192),
         "notes": (
             "fake process-group backend, rank N-1 of N, one process per (N, mode) and run; "
-            f"fastinit: the median of {config.repeats} runs; stock rows are "
+            f"fastinit: the median of {config.repeats} runs; fastinit = the compact plan as "
+            "decoded by a receiving rank, explicit = the plan factory's own objects (TorchRec's "
+            "time to build them, torchrec_plan_s, is not in setup_s); stock rows are "
             "the model's EmbeddingBagCollection part (stock cannot build an EmbeddingCollection "
             "on the fake backend), fastinit rows the whole model; same_as_stock: fastinit on "
             "the EBC part. Machine: " + _machine()
@@ -329,8 +469,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"## Per-rank setup at scale ({result['model']} model, {result['plan']} plan)\n",
         result["notes"] + "\n",
         "| ranks | fastinit s | fastinit runs s | of which GC s | fastinit peak RSS MB "
-        "| plan bytes | fastinit (EBC part) s | stock (EBC part) s | stock peak RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| plan bytes | explicit plan: fastinit s | explicit runs s | TorchRec's plan s "
+        "| fastinit (EBC part) s | stock (EBC part) s | stock peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
@@ -338,15 +479,22 @@ def format_table(result: dict[str, Any]) -> str:
 
     for n in sorted(by):
         f, s, e = by[n].get("fastinit"), by[n].get("stock"), by[n].get("same")
-        runs = "/".join(f"{x:.2f}" for x in f.get("samples_s", [])) if f else "—"
-        gcs = "/".join(f"{x:.2f}" for x in f.get("samples_gc_s", [])) if f else "—"
+        x = by[n].get("explicit")
+        runs = "/".join(f"{v:.2f}" for v in f.get("samples_s", [])) if f else "—"
+        gcs = "/".join(f"{v:.2f}" for v in f.get("samples_gc_s", [])) if f else "—"
+        xruns = "/".join(f"{v:.2f}" for v in x.get("samples_s", [])) if x else "—"
         lines.append(
             f"| {n} | {cell(f, 'setup_s', '.2f')} | {runs or '—'} | {gcs or '—'} "
             f"| {cell(f, 'peak_rss_mb', '.0f')} "
-            f"| {cell(f, 'plan_bytes', 'd')} | {cell(e, 'setup_s', '.2f')} "
+            f"| {cell(f, 'plan_bytes', 'd')} | {cell(x, 'setup_s', '.2f')} | {xruns or '—'} "
+            f"| {cell(x, 'torchrec_plan_s', '.2f')} | {cell(e, 'setup_s', '.2f')} "
             f"| {cell(s, 'setup_s', '.2f')} | {cell(s, 'peak_rss_mb', '.0f')} |"
         )
-    for label, key in (("512 to 8,192", "exponent_512_8192"), ("64 to 8,192", "exponent_64_8192")):
+    for label, key in (
+        ("512 to 8,192", "exponent_512_8192"),
+        ("64 to 8,192", "exponent_64_8192"),
+        ("64 to 8,192, explicit plan", "explicit_exponent_64_8192"),
+    ):
         k = result.get(key)
         if k is not None:
             lines.append(f"\nfastinit growth exponent (setup s ∝ ranks^k), {label}: k = {k:.3f}")
@@ -365,6 +513,11 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = [
         ([r for r in result["details"] if r["mode"] == "fastinit"], "fastinit (whole model)", "-o"),
+        (
+            [r for r in result["details"] if r["mode"] == "explicit"],
+            "fastinit, explicit plan (whole model)",
+            "-^",
+        ),
         (result["same_as_stock"], "fastinit (EBC part)", "--o"),
         ([r for r in result["details"] if r["mode"] == "stock"], "stock (EBC part)", "-s"),
     ]
@@ -385,9 +538,19 @@ def plot(result: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def profile(model: str, plan: str, n: int, local: int, top: int = 25) -> str:
+def profile(
+    model: str,
+    plan: str,
+    n: int,
+    local: int,
+    top: int = 25,
+    mode: str = "fastinit",
+    model_factory: str | None = None,
+    plan_factory: str | None = None,
+) -> str:
     """cProfile of ``fastinit.setup`` as rank ``n - 1`` of ``n`` (imports done first, outside
-    the profile); the ``top`` functions by own time, then fastinit's phases by total time."""
+    the profile; with ``mode="explicit"`` the plan factory runs inside it, its time reported
+    apart); the ``top`` functions by own time, then fastinit's phases by total time."""
     import cProfile
     import io
     import pstats
@@ -399,13 +562,18 @@ def profile(model: str, plan: str, n: int, local: int, top: int = 25) -> str:
 
     with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:
         path = os.path.join(tmp, "plan.bin")
-        write_plan(model, plan, n, local, False, path)
+        write_plan(model, plan, n, local, False, path, model_factory, plan_factory)
         prof = cProfile.Profile()
         prof.enable()
-        got = measure_rank(model, n, local, "fastinit", path, False)
+        got = measure_rank(model, n, local, mode, path, False, model_factory, plan_factory, plan)
         prof.disable()
     out = io.StringIO()
-    out.write(f"setup {got['setup_s']:.2f} s under cProfile, {got['gc_full']} full GC\n")
+    out.write(f"setup {got['setup_s']:.2f} s under cProfile, {got['gc_full']} full GC")
+    if got.get("torchrec_plan_s") is not None:
+        out.write(
+            f"; TorchRec's plan (in the profile, not in setup) {got['torchrec_plan_s']:.2f} s"
+        )
+    out.write("\n")
     stats = pstats.Stats(prof, stream=out)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(r"fastinit/startup\.py", 12)
@@ -424,11 +592,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--profile", type=int, default=None, metavar="N", help="cProfile setup at N ranks only"
     )
+    parser.add_argument(
+        "--explicit", action="store_true", help="with --profile: the explicit-plan path"
+    )
+    parser.add_argument("--model-factory", default=None, metavar="MODULE:FUNCTION")
+    parser.add_argument("--plan-factory", default=None, metavar="MODULE:FUNCTION")
+    parser.add_argument(
+        "--paths", default="compact,explicit", help="fastinit's paths: compact, explicit or both"
+    )
     args = parser.parse_args(argv)
     if args.profile is not None:
-        print(profile(args.model, args.plan, args.profile, min(8, args.profile)))
+        print(
+            profile(
+                args.model,
+                args.plan,
+                args.profile,
+                min(8, args.profile),
+                mode="explicit" if args.explicit else "fastinit",
+                model_factory=args.model_factory,
+                plan_factory=args.plan_factory,
+            )
+        )
         return {}
+    paths = tuple(p for p in args.paths.split(",") if p)
+    if not paths or set(paths) - {"compact", "explicit"}:
+        parser.error(f"--paths: compact and/or explicit, got {args.paths!r}")
     config = ScaleConfig(
+        model_factory=args.model_factory,
+        plan_factory=args.plan_factory,
+        paths=paths,
         model="small" if args.quick else args.model,
         plan=args.plan,
         ranks=(16, 64) if args.quick else tuple(int(x) for x in args.ranks.split(",")),

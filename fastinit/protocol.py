@@ -613,9 +613,10 @@ def agreed_seed(records: Sequence[Record]) -> int:
 
 def agree_on_plan(
     channel: Channel, records: Sequence[Record], encoded: bytes | None
-) -> ShardingPlan | None:
+) -> tuple[ShardingPlan, bytes] | None:
     """The plan every rank uses: None when every rank already holds the same one (keep yours),
-    else the plan of the first rank holding one, in one broadcast checked against its digest."""
+    else the plan of the first rank holding one and its bytes as they travelled, in one
+    broadcast checked against its digest."""
     holders = [r for r, f in enumerate(column(records, "flags")) if f & HAS_PLAN]
     src = holders[0]
     if len(holders) == len(records) and len(set(column(records, "plan_digest"))) == 1:
@@ -631,7 +632,7 @@ def agree_on_plan(
         raise StartupError(
             f"rank {channel.rank}: the plan received from rank {src} fails its digest check"
         )
-    return decode_plan(data)
+    return decode_plan(data), data
 
 
 # -- 3. the replicated values ------------------------------------------------------------------

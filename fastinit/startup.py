@@ -386,8 +386,12 @@ def _prepare(
             found["fingerprint"] = key.fingerprint
             plan, found["source"] = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
         if plan is not None:
-            _validate(module, plan, planning, env.world_size)
-            local.encoded = _encode(plan)
+            if local.encoded is None:  # explicit or planned here: compact once, encode once
+                with trace.span("fastinit.compact_plan"):
+                    plan = _compact(plan)
+                _validate(module, plan, planning, env.world_size)
+                with trace.span("fastinit.encode_plan"):
+                    local.encoded = _encode(plan)
             local.plan = plan
     except Exception as e:  # joins the exchange with its error: nobody hangs
         local.failure = e
@@ -492,8 +496,9 @@ def _plan_from_cache_or_planner(
         local.cache = cache
         with trace.span("fastinit.plan_cache.get"):
             cached = _cache_get(local.cache, key.fingerprint, module, key.sharders, env)
-        if cached is not None:
-            return cached, "cache"
+        if cached is not None:  # validated by the cache's accept; its bytes are the digest's
+            plan, local.encoded = cached
+            return plan, "cache"
         # which planner input differs from the plans made ahead (a directory only), if any
         cache_dir = cache.directory if isinstance(cache, PlanCache) else None
         if env.rank == 0 and cache_dir is not None:
@@ -516,21 +521,34 @@ def _cache_get(
     module: nn.Module,
     sharders: list[Any],
     env: ShardingEnv,
-) -> ShardingPlan | None:
-    """A cached plan that fits this module and world; an entry that does not, or is larger than
-    any plan for this model could be, is a miss with one warning (and is replaced)."""
+) -> tuple[ShardingPlan, bytes] | None:
+    """A cached plan that fits this module and world, with its encoded bytes; an entry that
+    does not, or is larger than any plan for this model could be, is a miss with one warning
+    (and is replaced)."""
     from fastinit.sharding.cache import plan_bytes_bound
+    from fastinit.sharding.codec import encode_plan, is_current
     from fastinit.sharding.validate import count_tables
 
     def accept(plan: ShardingPlan) -> None:
         validate_plan(module, plan, sharders, world_size=env.world_size)
 
     bound = plan_bytes_bound(count_tables(module, sharders), env.world_size)
-    return cache.get(key, accept=accept, max_bytes=bound)
+    got = cache.read(key, accept=accept, max_bytes=bound)
+    if got is None:
+        return None
+    plan, payload = got
+    # an entry of an older codec version: its plan's bytes as this version writes them
+    return plan, payload if is_current(payload) else encode_plan(plan)
 
 
 def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_size: int) -> None:
     validate_plan(module, plan, sharders, world_size=world_size)
+
+
+def _compact(plan: ShardingPlan) -> ShardingPlan:
+    from fastinit.sharding.layout import compact_plan
+
+    return compact_plan(plan)
 
 
 def _encode(plan: ShardingPlan) -> bytes:
@@ -555,9 +573,10 @@ def _agree_on_plan(
     channel: protocol.Channel, records: Sequence[Record], local: _Local
 ) -> ShardingPlan:
     received = protocol.agree_on_plan(channel, records, local.encoded)
-    plan = received if received is not None else local.plan
-    assert plan is not None
-    # Ranks whose lookup missed fill the cache: the planner, and one rank per host.
+    plan, encoded = received if received is not None else (local.plan, local.encoded)
+    assert plan is not None and encoded is not None
+    # Ranks whose lookup missed fill the cache (with the bytes that travelled): the planner,
+    # and one rank per host.
     flags = local.record.flags
     local_leader = os.environ.get("LOCAL_RANK", "0") == "0"
     if (
@@ -566,7 +585,7 @@ def _agree_on_plan(
         and (flags & protocol.PLANNED or (not flags & protocol.HAS_PLAN and local_leader))
     ):
         with trace.span("fastinit.plan_cache.put"):
-            local.cache.put(local.fingerprint, plan)
+            local.cache.put(local.fingerprint, encoded)
     return plan
 
 

@@ -216,6 +216,18 @@ class PlanCache:
         Returns:
             The decoded, accepted plan, or None when there is no usable entry.
         """
+        got = self.read(key, accept=accept, max_bytes=max_bytes)
+        return None if got is None else got[0]
+
+    def read(
+        self,
+        key: bytes,
+        *,
+        accept: Callable[[ShardingPlan], object] | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[ShardingPlan, bytes] | None:
+        """As :meth:`get`, with the entry's payload: ``(plan, the encoded plan as read)``, so
+        that a caller digests or sends the bytes it read instead of encoding the plan again."""
         from fastinit.sharding.codec import PlanDecodeError, decode_plan
 
         path = self.path(key)
@@ -228,7 +240,8 @@ class PlanCache:
         if data is None:
             return None
         try:
-            plan = decode_plan(_parse_entry(data, key))
+            payload = _parse_entry(data, key)
+            plan = decode_plan(payload)
         except (ValueError, PlanDecodeError) as e:
             _warn(f"ignoring {path}: {e}; it will be replaced")
             return None
@@ -241,14 +254,15 @@ class PlanCache:
                     "planning instead, and it will be replaced"
                 )
                 return None
-        return plan
+        return plan, payload
 
-    def put(self, key: bytes, plan: ShardingPlan) -> bool:
+    def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
         """Stores ``plan`` under ``key``, atomically; never raises on I/O errors.
 
         Args:
             key: the planner fingerprint.
-            plan: the plan to store.
+            plan: the plan to store, or its bytes as :func:`~fastinit.sharding.codec.encode_plan`
+                wrote them (``setup`` stores the bytes that travelled; nothing is re-encoded).
 
         Returns:
             True when the entry is in place (written now, or already there with the same bytes);
@@ -257,7 +271,8 @@ class PlanCache:
         from fastinit.sharding.codec import encode_plan
 
         path = self.path(key)
-        entry = _entry_bytes(key, encode_plan(plan))
+        payload = bytes(plan) if isinstance(plan, bytes | bytearray) else encode_plan(plan)
+        entry = _entry_bytes(key, payload)
         with contextlib.suppress(_Unusable):
             if _read_regular_file(path, len(entry)) == entry:
                 self._remove_stale_temporaries()
@@ -453,6 +468,16 @@ class _ProtocolCache:
         accept: Callable[[ShardingPlan], object] | None = None,
         max_bytes: int | None = None,
     ) -> ShardingPlan | None:
+        got = self.read(key, accept=accept, max_bytes=max_bytes)
+        return None if got is None else got[0]
+
+    def read(
+        self,
+        key: bytes,
+        *,
+        accept: Callable[[ShardingPlan], object] | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[ShardingPlan, bytes] | None:
         from torchrec.distributed.types import ShardingPlan
 
         from fastinit.sharding.codec import PlanDecodeError, decode_plan, encode_plan
@@ -492,9 +517,13 @@ class _ProtocolCache:
                     f"({e}); planning instead, and it will be replaced"
                 )
                 return None
-        return plan
+        return plan, encoded
 
-    def put(self, key: bytes, plan: ShardingPlan) -> bool:
+    def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
+        if isinstance(plan, bytes | bytearray):  # the bytes that travelled: the object's plan
+            from fastinit.sharding.codec import decode_plan
+
+            plan = decode_plan(bytes(plan))
         metadata = cache_metadata(
             created_by="fastinit", world_size=self.world_size, extra={"fastinit_key": key.hex()}
         )

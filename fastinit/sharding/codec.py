@@ -58,6 +58,7 @@ __all__ = [
     "encode_plan",
     "decode_plan",
     "plan_digest",
+    "is_current",
 ]
 
 #: The first bytes of every encoded plan.
@@ -303,6 +304,12 @@ def encode_plan(plan: ShardingPlan) -> bytes:
         modules.append([path, _encode_module_plan(module_plan, f"plan[{path!r}]")])
     body = _canonical_json({"plan": modules}).encode("utf-8")
     return MAGIC + _HEADER.pack(FORMAT_VERSION) + body
+
+
+def is_current(data: bytes) -> bool:
+    """Whether ``data`` starts with this version's header (what :func:`encode_plan` writes now);
+    a decoded plan re-encodes to the same bytes only then."""
+    return data[:_HEADER_LEN] == MAGIC + _HEADER.pack(FORMAT_VERSION)
 
 
 def plan_digest(plan: ShardingPlan) -> bytes:

@@ -30,6 +30,7 @@ __all__ = [
     "compact_class",
     "validate_compact",
     "expanded_plan",
+    "compact_plan",
     "SharedShards",
     "LazyShards",
     "Expansions",
@@ -150,13 +151,103 @@ def _form(
     return device, 0
 
 
+#: Shard lists at least this long find their runs with numpy (:func:`_runs_of_array`).
+_ARRAY_MIN = 32
+_PARSED: dict[str, tuple[int | None, str, str | None, int | None]] = {}
+_PARSED_MAX = 1 << 16
+
+
+def _parse_cached(text: str) -> tuple[int | None, str, str | None, int | None]:
+    got = _PARSED.get(text)
+    if got is None:
+        got = _parse(text)
+        if len(_PARSED) < _PARSED_MAX:
+            _PARSED[text] = got
+    return got
+
+
 def runs_of(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...]:
     """The canonical runs of ``shards``: greedy and maximal, in shard order.
 
     A run starts at a shard and, if the next shard has the same sizes and the same placement form,
     takes the offset and rank differences of those two as its steps and extends while every
-    further shard matches exactly.
+    further shard matches exactly. One pass over the shards; long lists (a row-wise table on
+    thousands of ranks) compare their consecutive differences with numpy.
     """
+    if len(shards) >= _ARRAY_MIN:
+        got = _runs_of_array(shards)
+        if got is not None:
+            return got
+    return _runs_of_list(shards)
+
+
+def _runs_of_array(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...] | None:
+    """:func:`runs_of` on arrays of the shards' offsets, sizes and ranks: the Python work is one
+    attribute read per shard field and one step per run. None when the shards do not fit int64
+    arrays of one width (the list version decides those)."""
+    import operator
+
+    import numpy as np
+
+    texts = [str(p) for p in map(operator.attrgetter("placement"), shards)]
+    try:
+        offs = np.array(list(map(operator.attrgetter("shard_offsets"), shards)), dtype=np.int64)
+        sizes = np.array(list(map(operator.attrgetter("shard_sizes"), shards)), dtype=np.int64)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    n = len(texts)
+    if offs.ndim != 2 or offs.shape != sizes.shape or offs.shape[0] != n:
+        return None
+    if any(type(v) is not int for s in shards[:1] for v in (*s.shard_offsets, *s.shard_sizes)):
+        return None  # e.g. bools or numpy ints: their runs hold what the list version keeps
+    unique = {t: _parse_cached(t) for t in dict.fromkeys(texts)}
+    modulus = _spec_modulus(list(unique.values()))
+    form_id: dict[tuple[str, int] | None, int] = {None: -1}
+    ids: dict[str, int] = {}
+    for t, p in unique.items():
+        form = _form(p, modulus)
+        ids[t] = form_id.setdefault(form, len(form_id)) if form is not None else -1
+    forms_by_id = {v: k for k, v in form_id.items()}
+    fid = np.fromiter(map(ids.__getitem__, texts), dtype=np.int64, count=n)
+    ranks = np.fromiter(
+        ((p[0] if p[0] is not None else 0) for p in map(unique.__getitem__, texts)),
+        dtype=np.int64,
+        count=n,
+    )
+    # eq[k]: shard k + 1 has shard k's sizes and placement form (one that names a rank)
+    eq = (fid[1:] == fid[:-1]) & (fid[:-1] >= 0) & (sizes[1:] == sizes[:-1]).all(axis=1)
+    diffs = np.concatenate([offs[1:] - offs[:-1], (ranks[1:] - ranks[:-1])[:, None]], axis=1)
+    # cont[k]: shard k + 1 continues the run holding shards k - 1 and k (same step)
+    cont = np.zeros(n, dtype=bool)
+    if n > 2:
+        cont[1:-1] = eq[1:] & eq[:-1] & (diffs[1:] == diffs[:-1]).all(axis=1)
+    breaks = np.flatnonzero(~cont)
+    runs: list[ShardRun] = []
+    i = 0
+    while i < n:
+        p = unique[texts[i]]
+        sz = tuple(sizes[i].tolist())
+        off = tuple(offs[i].tolist())
+        if fid[i] < 0:
+            runs.append(ShardRun(1, sz, off, (0,) * len(sz), None, 0, p[1], 0))
+            i += 1
+            continue
+        form = forms_by_id[int(fid[i])]
+        assert form is not None and p[0] is not None
+        if i + 1 >= n or not eq[i]:
+            runs.append(ShardRun(1, sz, off, (0,) * len(sz), p[0], 0, form[0], form[1]))
+            i += 1
+            continue
+        k = int(breaks[np.searchsorted(breaks, i + 1)])  # the run's last shard
+        step = diffs[i].tolist()
+        runs.append(
+            ShardRun(k - i + 1, sz, off, tuple(step[:-1]), p[0], step[-1], form[0], form[1])
+        )
+        i = k + 1
+    return tuple(runs)
+
+
+def _runs_of_list(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...]:
     parsed = [_parse(s.placement) for s in shards]
     modulus = _spec_modulus(parsed)
     forms = [_form(p, modulus) for p in parsed]
@@ -758,6 +849,54 @@ def validate_compact(spec: Any, shape: Sequence[int], where: str) -> bool:
     except LayoutError as e:
         raise PlanMismatchError(str(e)) from None
     return True
+
+
+def compact_plan(plan: Any) -> Any:
+    """``plan`` with every shard list that follows a rule held as that rule: one linear pass.
+
+    An explicit plan (TorchRec's ``construct_module_sharding_plan``, ``torch.load`` of a saved
+    plan, another planner) holds one ``ShardMetadata`` per shard. Each table's
+    ``EnumerableShardingSpec`` whose shards form fewer runs than shards (row-wise,
+    table-row-wise, column blocks, grid) becomes a :class:`CompactShardingSpec` of those runs,
+    so validation, the digest, construction, the ShardedTensors and the fused optimizer's state
+    work from the rule, as for a decoded plan; a table whose shards follow no rule (one run per
+    shard) keeps its list. The plan given is not changed: the result is a new ``ShardingPlan``
+    (its ``ParameterSharding`` s copied where the spec changed, shared where not); a plan with
+    nothing to compact is returned as it is. The specs of one plan share their placements and,
+    between tables of one layout, their ``ShardMetadata`` (one :class:`Expansions`).
+    """
+    base = _spec_base()
+    cls = compact_class()
+    exp: Expansions | None = None
+    modules: dict[str, Any] = {}
+    changed = False
+    for path, module_plan in plan.plan.items():
+        if not hasattr(module_plan, "items"):
+            modules[path] = module_plan
+            continue
+        out = None
+        for name, ps in module_plan.items():
+            spec: Any = getattr(ps, "sharding_spec", None)
+            if type(spec) is not base:  # None, compact already, or another spec type
+                continue
+            shards = spec.shards
+            if not isinstance(shards, list) or len(shards) < 2:
+                continue
+            try:
+                runs = runs_of(shards)
+            except Exception:  # not a list of ShardMetadata: left for validation to name
+                continue
+            if len(runs) == len(shards):
+                continue  # follows no rule: keeps its list
+            if exp is None:
+                exp = Expansions()
+            if out is None:
+                out = type(module_plan)(module_plan.items())
+            out[name] = dataclasses.replace(ps, sharding_spec=cls(runs, exp))
+        if out is not None:
+            changed = True
+        modules[path] = out if out is not None else module_plan
+    return type(plan)(plan=modules) if changed else plan
 
 
 def expanded_plan(plan: Any) -> Any:

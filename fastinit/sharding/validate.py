@@ -170,7 +170,12 @@ def _check_table(table: str, shape: tuple[int, ...], ps: Any, world_size: int | 
                 f"the plan's {ps.sharding_type} sharding of table {table!r} has no sharding_spec"
             )
         return
-    if validate_compact(spec, shape, f"table {table!r}"):  # a compact spec: O(runs), not O(shards)
+    rule_error: PlanMismatchError | None = None
+    try:
+        on_rule = validate_compact(spec, shape, f"table {table!r}")  # O(runs), not O(shards)
+    except PlanMismatchError as e:  # the shards, one by one, name the problem more precisely
+        on_rule, rule_error = False, e
+    if on_rule:
         for run in spec.runs:
             if run.rank is not None and run.count:
                 ends = (run.rank, run.rank_at(run.count - 1))
@@ -188,6 +193,8 @@ def _check_table(table: str, shape: tuple[int, ...], ps: Any, world_size: int | 
         problem = _tiling_problem_nd(table, shape, shards, world_size)
     if problem is not None:
         raise PlanMismatchError(f"the plan's shards of table {table!r} {problem}")
+    if rule_error is not None:
+        raise rule_error
 
 
 def _outside(table: str, shape: tuple[int, ...], offsets: Any, sizes: Any) -> PlanMismatchError:

@@ -138,6 +138,7 @@ class Record:
     SIZE = _RECORD.size
 
     def pack(self) -> bytes:
+        """The record's ``Record.SIZE`` bytes (the error text truncated to fit)."""
         err = self.error.encode("utf-8", "replace")[:_ERROR_BYTES]
         return _RECORD.pack(
             RECORD_VERSION,
@@ -155,6 +156,11 @@ class Record:
 
     @classmethod
     def unpack(cls, data: bytes) -> Record:
+        """The record packed in ``data``.
+
+        Raises:
+            StartupError: ``data`` was packed by another record version.
+        """
         (version, flags, fp, st, pd, plen, slen, seed, ecls, elen, err) = _RECORD.unpack(data)
         if version != RECORD_VERSION:
             raise StartupError(

@@ -7,7 +7,7 @@ types named in an explicit allowlist; it never imports or calls anything named i
 
 Format (version 2; version 1 is still read)::
 
-    b"FIPLAN\\0" + uint16 big-endian format version + canonical JSON (UTF-8)
+    b"FIPLAN" + NUL byte + uint16 big-endian format version + canonical JSON (UTF-8)
 
 The JSON is ``{"plan": [[module_path, module_plan], ...]}``; module and parameter order are kept
 as in the plan (TorchRec iterates them), while the fields of every object are written sorted by

@@ -269,6 +269,7 @@ class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSh
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingBagCollection:
+        """``EmbeddingBagCollectionSharder.shard``, building the fast sharded module."""
         return _construct(
             FastShardedEmbeddingBagCollection,
             self.seed,
@@ -284,6 +285,7 @@ class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSh
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingBagCollection]:
+        """The fast sharded module's type."""
         return FastShardedEmbeddingBagCollection
 
 
@@ -303,6 +305,7 @@ class FastEmbeddingCollectionSharder(_SeededSharder, EmbeddingCollectionSharder)
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingCollection:
+        """``EmbeddingCollectionSharder.shard``, building the fast sharded module."""
         return _construct(
             FastShardedEmbeddingCollection,
             self.seed,
@@ -318,6 +321,7 @@ class FastEmbeddingCollectionSharder(_SeededSharder, EmbeddingCollectionSharder)
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingCollection]:
+        """The fast sharded module's type."""
         return FastShardedEmbeddingCollection
 
 

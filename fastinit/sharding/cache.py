@@ -398,6 +398,7 @@ class TorchRecPlanCache:
         return self.cache.path(key)[: -len(_SUFFIX)] + _META_SUFFIX
 
     def get(self, request_fingerprint: str) -> tuple[ShardingPlan, Any] | None:
+        """TorchRec's ``PlanCache.get``: ``(plan, metadata)`` for the fingerprint, or None."""
         key = _fingerprint_key(request_fingerprint)
         plan = self.cache.get(key, max_bytes=self.max_bytes)
         if plan is None:
@@ -405,6 +406,7 @@ class TorchRecPlanCache:
         return plan, self._read_metadata(key)
 
     def put(self, request_fingerprint: str, plan: ShardingPlan, metadata: Any = None) -> None:
+        """TorchRec's ``PlanCache.put``: store ``plan`` (and ``metadata``) for the fingerprint."""
         key = _fingerprint_key(request_fingerprint)
         if not self.cache.put(key, plan):
             return

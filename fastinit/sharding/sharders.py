@@ -65,7 +65,7 @@ def _ebc_ddp_device_types() -> frozenset[str]:
 
 
 def _skips_grad_sync(module: Any) -> bool:
-    """torchrec 1.9's ``mark_data_parallel_skip_grad_sync``: the module's data-parallel lookups
+    """TorchRec 1.9's ``mark_data_parallel_skip_grad_sync``: the module's data-parallel lookups
     stay unwrapped (no DDP). 1.8.0 has no such mark."""
     return bool(getattr(module, "_skip_data_parallel_grad_sync", False))
 

@@ -357,6 +357,7 @@ def test_hash_collisions_do_not_merge_proposals(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._z = [7] * len(self._z)
+            self._zc = [7] * len(self._zc)
 
     monkeypatch.setattr(fast_planner_module, "_Stream", Colliding)
     kwargs: dict[str, Any] = {"timeout_seconds": timeout} if timeout else {}
@@ -365,6 +366,45 @@ def test_hash_collisions_do_not_merge_proposals(
     assert planner.fallback_reason is None
     assert_same_plan(fast, stock)
     assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["ebc-cuda-grid-search", "ebc-cuda-tight-hbm", "ec-cuda-ws8"])
+def test_stopped_partitions_and_alike_proposals_keep_the_stock_plan(name: str) -> None:
+    """Partitions stopped at the best rating, and proposals that take an alike one's result.
+
+    A partition stops once a device's load passes the best rating (``_num_cut``); a proposal
+    whose options partition alike to an evaluated one (a one-shard column-wise option is placed
+    as table-wise) takes its ranks and rating (``_num_twins``). Both paths run here, and the
+    plan is still the stock plan.
+    """
+    case = next(c for c in CASES if c.name == name)
+    fast, stock, planner = run_both(case)
+    assert isinstance(fast, ShardingPlan) and isinstance(stock, ShardingPlan)
+    assert_same_plan(fast, stock)
+    assert planner._num_cut > 0
+    assert planner._num_twins > 0
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
+
+
+def test_partition_classes_merge_only_alike_options() -> None:
+    """One-shard table-wise and column-wise options of a table share a class; nothing else does."""
+    planner = FastPlanner(topology=Topology(world_size=8, local_world_size=4, compute_device="cpu"))
+    opts, lists, search = _search_parts(planner, ebc(bag_tables(6)), 8)
+    classes = search.classes
+    for lst in lists:
+        for i, k in itertools.combinations(lst, 2):
+            a, b = opts[i], opts[k]
+            alike = (
+                {a.sharding_type, b.sharding_type} == {"table_wise", "column_wise"}
+                and a.n == b.n == 1
+                and (a.st, a.pf) == (b.st, b.pf)
+            )
+            assert (classes[i] == classes[k]) == alike, (a.sharding_type, b.sharding_type)
+    # options of different tables never share a class
+    owner: dict[int, str] = {}
+    for i, o in enumerate(opts):
+        assert owner.setdefault(classes[i], o.fqn) == o.fqn
+    assert len(set(classes)) < len(classes)  # some alike options were found
 
 
 NO_FIT_CASES = [

@@ -466,7 +466,13 @@ class _Stream:
     ``O(T)``, and the checkpoints take ``O(16 x changes)`` memory).
     """
 
-    def __init__(self, opts: Sequence[_Opt], n_tables: int, rating_ws: int) -> None:
+    def __init__(
+        self,
+        opts: Sequence[_Opt],
+        n_tables: int,
+        rating_ws: int,
+        classes: Sequence[int] | None = None,
+    ) -> None:
         self.n_tables = n_tables
         self.rating_ws = rating_ws
         self.cur = [-1] * n_tables
@@ -474,6 +480,13 @@ class _Stream:
         rng = np.random.default_rng(0x5EED)
         self._z = rng.integers(1, 1 << 62, size=len(opts), dtype=np.int64).tolist()
         self.h = 0
+        # the same for the vector of partition classes (``_partition_classes``): proposals that
+        # partition and rate alike share ``hc``
+        self.classes = list(classes) if classes is not None else list(range(len(opts)))
+        zc = rng.integers(1, 1 << 62, size=max(self.classes, default=-1) + 1, dtype=np.int64)
+        self._zc = [int(zc[c]) for c in self.classes]
+        self.hc = 0
+        self.hcs: list[int] = []
         self._v_tot = [o.tot_exact for o in opts]
         self._v_umin = [_exact(o.tot_min) if o.kind == _UNIFORM else 0 for o in opts]
         self._nu = [0.0 if o.kind == _UNIFORM else o.tot_max for o in opts]
@@ -490,16 +503,18 @@ class _Stream:
     def apply(self, changes: _Changes) -> int:
         """Make ``changes`` the current proposal; returns its index in the stream."""
         cur = self.cur
-        z, v_tot, v_umin, nu = self._z, self._v_tot, self._v_umin, self._nu
+        z, zc, v_tot, v_umin, nu = self._z, self._zc, self._v_tot, self._v_umin, self._nu
         for f, o in changes:
             old = cur[f]
             if old == o:
                 continue
             if old >= 0:
                 self.h ^= z[old]
+                self.hc ^= zc[old]
                 self._s_tot -= v_tot[old]
                 self._s_umin -= v_umin[old]
             self.h ^= z[o]
+            self.hc ^= zc[o]
             self._s_tot += v_tot[o]
             self._s_umin += v_umin[o]
             heapq.heappush(self._heap, (-nu[o], f, o))
@@ -511,7 +526,12 @@ class _Stream:
             self._ckpt_at.append(n_log)
             self._ckpt_vec.append(list(cur))
         self.ends.append(n_log)
+        self.hcs.append(self.hc)
         return len(self.ends) - 1
+
+    def class_vector(self, s: int) -> list[int]:
+        """The partition classes of proposal ``s``, position by position."""
+        return list(map(self.classes.__getitem__, self.vector(s)))
 
     def bound(self) -> float:
         """A lower bound of the current proposal's rating (``_Search.lower_bound``)."""
@@ -547,6 +567,49 @@ class _Stream:
 
 
 # ---- the partitioner, replayed on flat arrays ----------------------------------------------------
+
+
+class _Cut(Exception):
+    """A device's load passed the cutoff: the proposal cannot beat the best one found."""
+
+
+class _CutType:
+    """The type of ``_CUT``, what ``_Search.evaluate`` returns for a partition it stopped."""
+
+
+_CUT = _CutType()
+
+
+def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
+    """A class per option: options of one table that the partitioner and the rating treat alike.
+
+    ``_Search.evaluate`` and ``_Search._rate`` read of a non-uniform option only its kind, its
+    group, module path and table, its shard count, per-shard storage and perf, and its totals;
+    a device-placed option's sharding type is not read (a one-shard column-wise option is placed
+    as a table-wise one). Two proposals whose options are alike position by position get the
+    same ranks and the same rating. Uniform options keep a class of their own.
+    """
+    seen: dict[tuple[Any, ...], int] = {}
+    out = []
+    for i, o in enumerate(opts):
+        if o.kind == _UNIFORM:
+            key: tuple[Any, ...] = ("uniform", i)
+        else:
+            key = (
+                o.fqn,
+                o.group,
+                o.path,
+                o.kind,
+                o.sharding_type if o.kind != _DEVICE else "",
+                o.n,
+                tuple(o.st),
+                tuple(o.pf),
+                tuple(o.tot),
+                o.total_perf,
+                o.total_storage,
+            )
+        out.append(seen.setdefault(key, len(seen)))
+    return out
 
 
 class _Search:
@@ -608,6 +671,13 @@ class _Search:
         if any(j >= self.n_dev for devs in self.hosts for j in devs):
             raise _Unsupported("hosts reach past the devices")
         self.all_tot_nonneg = all(t >= 0 for o in opts for t in o.tot_d)
+        # every perf component >= 0 (options and devices): a device's load, summed in any order,
+        # is then within n * 2**-53 of its exact value and never decreases as shards are placed,
+        # so a partition may stop once a load exceeds the best rating (``evaluate``'s ``cutoff``)
+        self.can_cut = all(v >= 0 for o in opts for t in o.pf_d for v in t) and all(
+            v >= 0 for p in pf0 for v in p
+        )
+        self.classes = _partition_classes(opts)
         kinds = np.array([o.kind for o in opts])
         uniform = kinds == _UNIFORM
         self.lb_tot_sum = np.array([o.tot_sum for o in opts], dtype=np.float64)
@@ -639,6 +709,30 @@ class _Search:
             ``(ranks per proposal position, rating)``, or ``None`` where the stock partitioner
             raises ``PlannerError``.
         """
+        return self._evaluate(proposal, None)
+
+    def evaluate_cut(
+        self, proposal: Sequence[int], cutoff: float
+    ) -> tuple[list[list[int]], float] | None | _CutType:
+        """``evaluate``, stopped as soon as a device's load exceeds ``cutoff``.
+
+        A device's load only grows as shards are placed, and the rating is at least the final
+        load of every device (both summed in float from non-negative terms, so within a relative
+        ``n * 2**-53`` of the exact sums). Called with ``cutoff = best * (1 + _PRUNE_SLACK)``, a
+        proposal that is stopped has a rating above ``best``. Without ``can_cut`` (a negative
+        perf component) the partition runs to the end.
+
+        Returns:
+            what ``evaluate`` returns, or ``_CUT`` where the partition stopped.
+        """
+        try:
+            return self._evaluate(proposal, cutoff if self.can_cut else None)
+        except _Cut:
+            return _CUT
+
+    def _evaluate(
+        self, proposal: Sequence[int], cutoff: float | None
+    ) -> tuple[list[list[int]], float] | None:
         opts = self.opts
         n_dev = self.n_dev
         dev_ranks = self.ranks
@@ -677,6 +771,10 @@ class _Search:
             fc, fcm, bc, bcm, pc = (row.tolist() for row in pfa)
             tot_l = ((((pfa[0] + pfa[2]) + pfa[1]) + pfa[3]) + pfa[4]).tolist()
         state = _State(hbm, ddr, ssd, fc, fcm, bc, bcm, pc, tot_l)
+        if cutoff is not None:
+            if max(tot_l) > cutoff:
+                raise _Cut
+            state.cut = cutoff
 
         # 2. the other options, grouped by dependency (or fqn) and sorted as the stock partitioner
         groups: dict[str, list[int]] = {}
@@ -798,7 +896,7 @@ class _Search:
 class _State:
     """Per-device remaining storage and accumulated perf components."""
 
-    __slots__ = ("hbm", "ddr", "ssd", "fc", "fcm", "bc", "bcm", "pc", "tot")
+    __slots__ = ("hbm", "ddr", "ssd", "fc", "fcm", "bc", "bcm", "pc", "tot", "cut")
 
     def __init__(
         self,
@@ -815,6 +913,8 @@ class _State:
         self.hbm, self.ddr, self.ssd = hbm, ddr, ssd
         self.fc, self.fcm, self.bc, self.bcm, self.pc = fc, fcm, bc, bcm, pc
         self.tot = tot
+        #: a load above this stops the partition (``_Cut``); infinity: never
+        self.cut = math.inf
 
     def save(self, j: int) -> tuple[Any, ...]:
         return (
@@ -859,7 +959,9 @@ class _State:
         bcm = self.bcm[j] = self.bcm[j] + d
         pc = self.pc[j] = self.pc[j] + e
         # Perf.total: fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch_compute
-        self.tot[j] = fc + bc + fcm + bcm + pc
+        t = self.tot[j] = fc + bc + fcm + bcm + pc
+        if t > self.cut:
+            raise _Cut
 
 
 class _Hosts:
@@ -1150,6 +1252,8 @@ class FastPlanner(EmbeddingShardingPlanner):
             )
         #: why the last ``plan`` call ran the stock planner (None: the fast search ran)
         self.fallback_reason: str | None = None
+        self._num_cut = 0
+        self._num_twins = 0
 
     if hasattr(EmbeddingShardingPlanner, "get_search_space"):  # torchrec 1.9
 
@@ -1213,6 +1317,10 @@ class FastPlanner(EmbeddingShardingPlanner):
     ) -> ShardingPlan:
         self._num_proposals = 0
         self._num_plans = 0
+        #: partitions stopped early (a load above the best rating) and proposals that took the
+        #: ranks and rating of an alike one; neither is in ``_num_plans``
+        self._num_cut = 0
+        self._num_twins = 0
         start_time = perf_counter()
         storage_constraint: Topology = self._storage_reservation.reserve(
             topology=self._topology,
@@ -1269,7 +1377,7 @@ class FastPlanner(EmbeddingShardingPlanner):
             else:
                 replays.append(_UniformReplay(opts, fqn_pos, _tr.uniform_proposer_use_depth(p)))
 
-        stream = _Stream(opts, len(lists), search.rating_ws)
+        stream = _Stream(opts, len(lists), search.rating_ws, search.classes)
         if self._timeout_seconds or any(r.needs_rating for r in replays):
             best, last_failed, lowest_storage = self._search_online(replays, search, stream)
         else:
@@ -1320,15 +1428,37 @@ class FastPlanner(EmbeddingShardingPlanner):
         best_idx = -1
         best_rating: float = MAX_SIZE
         failed: list[int] = []
+        # proposals partitioned so far, by class hash: (j, result); a proposal whose options are
+        # alike (``_partition_classes``) to an evaluated one's gets its ranks and rating
+        done: dict[int, list[tuple[int, Any]]] = {}
         for j in order:
             if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
                 break
-            vec = stream.vector(ids[j])
-            result = search.evaluate(vec)
+            s = ids[j]
+            vec = stream.vector(s)
+            result: Any = None
+            twin = False
+            for j2, res2 in done.get(stream.hcs[s], ()):
+                if stream.class_vector(ids[j2]) == stream.class_vector(s):
+                    result, twin = res2, True
+                    self._num_twins += 1
+                    break
+            if not twin:
+                if best is None or not search.can_cut:
+                    result = search.evaluate(vec)
+                else:
+                    result = search.evaluate_cut(vec, best_rating * (1 + _PRUNE_SLACK))
+                done.setdefault(stream.hcs[s], []).append((j, result))
             if result is None:
                 failed.append(j)
                 continue
-            self._num_plans += 1
+            if result is _CUT:
+                # stopped above an earlier best rating: above the best one now
+                if not twin:
+                    self._num_cut += 1
+                continue
+            if not twin:
+                self._num_plans += 1
             ranks, rating = result
             if rating < best_rating or (
                 best is not None and rating == best_rating and j < best_idx

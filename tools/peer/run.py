@@ -7,6 +7,11 @@ Usage::
 
 The tree must be a TorchRec source checkout at the installed version (for torchrec 1.8.0, the
 ``v1.8.0-rc1`` tag; ``git archive`` of it is enough: nothing is built, fetched or written there).
+For torchrec 1.9.2 no release tag or branch was fetchable (the newest commit of the repository's
+copy here is ``376cac6``, 2026-08-21, version 1.9.0a0, which differs from the 1.9.2 wheel in 62
+non-test files); run with ``--torchrec-from installed`` against it, pytest loaded the tree's
+``test_utils`` and collection failed (``module 'torchrec.distributed' has no attribute
+'planner'``): the 1.9 peer run is not working yet (issue 22).
 Its ``torchrec/distributed/tests/test_model_parallel_gloo.py`` is run with pytest, from the tree,
 so TorchRec is imported from the tree, as a source checkout is (its version reads ``"unknown"``);
 ``--torchrec-from installed`` imports the installed TorchRec instead. TorchRec's test utilities

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,16 +16,7 @@ from fastinit.checkpoint.interval import (
     young_interval,
 )
 
-
-@pytest.fixture(autouse=True)
-def _fastinit_logger_restored() -> Iterator[None]:
-    """``fastinit.cli.main`` configures the ``fastinit`` logger; other tests get it back."""
-    log = logging.getLogger("fastinit")
-    saved = (list(log.handlers), log.level, log.propagate)
-    yield
-    log.handlers[:] = saved[0]
-    log.setLevel(saved[1])
-    log.propagate = saved[2]
+pytestmark = pytest.mark.usefixtures("fastinit_logger_restored")
 
 
 @pytest.mark.parametrize(("blocking", "mtbf"), [(2.5, 7.9 * 3600), (30.0, 3600.0), (0.1, 1e6)])

@@ -30,15 +30,7 @@ MODEL_PY = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fastinit_logger_restored() -> Any:
-    """``fastinit.cli.main`` configures the ``fastinit`` logger; other tests get it back as it was."""
-    log = logging.getLogger("fastinit")
-    saved = (list(log.handlers), log.level, log.propagate)
-    yield
-    log.handlers[:] = saved[0]
-    log.setLevel(saved[1])
-    log.propagate = saved[2]
+pytestmark = pytest.mark.usefixtures("fastinit_logger_restored")
 
 
 def _cli(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:

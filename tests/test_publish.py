@@ -6,12 +6,10 @@ batch and output rank 0 recorded at save time, with the checkpoint read-only."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pathlib
 import stat
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,15 +34,7 @@ FACTORY = textwrap.dedent(
 )
 
 
-@pytest.fixture(autouse=True)
-def _fastinit_logger_restored() -> Iterator[None]:
-    """``fastinit.cli.main`` configures the ``fastinit`` logger; other tests get it back."""
-    log = logging.getLogger("fastinit")
-    saved = (list(log.handlers), log.level, log.propagate)
-    yield
-    log.handlers[:] = saved[0]
-    log.setLevel(saved[1])
-    log.propagate = saved[2]
+pytestmark = pytest.mark.usefixtures("fastinit_logger_restored")
 
 
 def _save_rank(ckpt_dir: str) -> bool:

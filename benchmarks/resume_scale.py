@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.scale import fit_exponent
+from benchmarks.scale import fit_exponent, plan_types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +68,8 @@ __all__ = [
 
 RANKS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: The plan of ``make scale``: cycled over the tables.
-PLAN_TYPES: tuple[str, ...] = ("table_wise", "row_wise", "column_wise", "data_parallel")
+# The table layouts the benchmark plans with: make scale's "mixed4" (benchmarks.scale.PLANS).
+PLAN = "mixed4"
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -124,24 +125,6 @@ def _module(config: ResumeScaleConfig) -> Any:
     return build_model(model_spec(config.model), device="meta")
 
 
-def _plan_types(module: Any) -> dict[str, str]:
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-    ec_types = [t for t in PLAN_TYPES if t != "table_row_wise"]
-    out: dict[str, str] = {}
-    i = 0
-    for m in module.modules():
-        if isinstance(m, EmbeddingBagCollection):
-            for c in m.embedding_bag_configs():
-                out[c.name] = PLAN_TYPES[i % len(PLAN_TYPES)]
-                i += 1
-        elif isinstance(m, EmbeddingCollection):
-            for c in m.embedding_configs():
-                out[c.name] = ec_types[i % len(ec_types)]
-                i += 1
-    return out
-
-
 def write_plan(config_json: dict[str, Any], n: int, path: str) -> dict[str, Any]:
     """The plan for ``n`` ranks, encoded with fastinit's codec into ``path`` (every step decodes
     it, as a receiving rank would)."""
@@ -156,7 +139,7 @@ def write_plan(config_json: dict[str, Any], n: int, path: str) -> dict[str, Any]
     else:
         from fastinit.testing.models import build_plan
 
-        plan = build_plan(module, _plan_types(module), world_size=n, local_world_size=local)
+        plan = build_plan(module, plan_types(module, PLAN), world_size=n, local_world_size=local)
     plan_s = time.perf_counter() - t0
     data = encode_plan(plan)
     with open(path, "wb") as f:

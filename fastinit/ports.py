@@ -76,7 +76,10 @@ class Port:
 
 _P = "torchrec.distributed.planner."
 _D = "torchrec.distributed."
-_TR = "fastinit.sharding._torchrec"
+_EN = "fastinit.sharding.mirror.planner.enumerators"
+_ES = "fastinit.sharding.mirror.planner.estimator.estimator"
+_SE = "fastinit.sharding.mirror.planner.shard_estimators"
+_TY = "fastinit.sharding.mirror.planner.types"
 _PL = "fastinit.sharding.planner"
 _K = "fastinit.sharding.kernels"
 _L = "fastinit.sharding.local"
@@ -86,32 +89,32 @@ _M = "fastinit.sharding._torchrec_modules"
 #: ``"module:qualname"`` of the upstream object -> the fastinit code that mirrors it.
 PORTS: dict[str, Port] = {
     # -- the planner (FastPlanner, FastEnumerator, the memoising estimators) ---------------------
-    f"{_P}enumerators:EmbeddingEnumerator.__init__": Port("planner", f"{_TR}.FastEnumerator"),
+    f"{_P}enumerators:EmbeddingEnumerator.__init__": Port("planner", f"{_EN}.FastEnumerator"),
     f"{_P}enumerators:EmbeddingEnumerator.enumerate": Port(
-        "planner", f"{_TR}.FastEnumerator._enumerate_described"
+        "planner", f"{_EN}.FastEnumerator._enumerate_described"
     ),
     f"{_P}enumerators:EmbeddingEnumerator._get_num_buckets": Port(
-        "planner", f"{_TR}.FastEnumerator._num_buckets_lookup"
+        "planner", f"{_EN}.FastEnumerator._num_buckets_lookup"
     ),
     f"{_P}enumerators:_extract_constraints_for_param": Port(
-        "planner", f"{_TR}.FastEnumerator._enumerate_described", "assumed"
+        "planner", f"{_EN}.FastEnumerator._enumerate_described", "assumed"
     ),
     f"{_P}enumerators:EmbeddingEnumerator._get_stash_weights": Port(
-        "planner", f"{_TR}.FastEnumerator._stash_weights_lookup"
+        "planner", f"{_EN}.FastEnumerator._stash_weights_lookup"
     ),
     f"{_P}estimator.estimator:EmbeddingPerfEstimator.estimate": Port(
-        "planner", f"{_TR}.MemoPerfEstimator"
+        "planner", f"{_ES}.MemoPerfEstimator"
     ),
     f"{_P}estimator.annotations:_get_annotated_method": Port(
-        "planner", f"{_TR}._with_cached_dir", "assumed"
+        "planner", f"{_ES}._with_cached_dir", "assumed"
     ),
     f"{_P}shard_estimators:EmbeddingStorageEstimator.estimate": Port(
-        "planner", f"{_TR}.MemoStorageEstimator._storages"
+        "planner", f"{_SE}.MemoStorageEstimator._storages"
     ),
-    f"{_P}types:ShardingOption.__deepcopy__": Port("planner", f"{_TR}.copy_sharding_options"),
-    f"{_P}types:Shard": Port("planner", f"{_TR}._new_shard", "assumed"),
-    f"{_P}types:Storage": Port("planner", f"{_TR}._new_storage", "assumed"),
-    f"{_P}types:Perf": Port("planner", f"{_TR}._perf_from_fields", "assumed"),
+    f"{_P}types:ShardingOption.__deepcopy__": Port("planner", f"{_TY}.copy_sharding_options"),
+    f"{_P}types:Shard": Port("planner", f"{_TY}._new_shard", "assumed"),
+    f"{_P}types:Storage": Port("planner", f"{_TY}._new_storage", "assumed"),
+    f"{_P}types:Perf": Port("planner", f"{_TY}._perf_from_fields", "assumed"),
     f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PL}._GreedyReplay"),
     f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PL}._GreedyReplay"),
     f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PL}._GreedyReplay"),

@@ -32,6 +32,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from fastinit.sharding import FastPlanner
 from fastinit.sharding import _torchrec as _tr
+from fastinit.sharding.mirror.planner import enumerators, shard_estimators
 from fastinit.testing.dist import run_ranks
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -82,7 +83,7 @@ def test_storage_estimator_reads_key_value_params_as_the_installed_one(monkeypat
         return real(**kwargs)
 
     monkeypatch.setattr(stock_estimators, "calculate_shard_storages", recording)
-    monkeypatch.setattr(_tr, "calculate_shard_storages", recording)
+    monkeypatch.setattr(shard_estimators, "calculate_shard_storages", recording)
     sharders = get_default_sharders()
     from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
@@ -90,7 +91,7 @@ def test_storage_estimator_reads_key_value_params_as_the_installed_one(monkeypat
     results = []
     for estimator in (
         EmbeddingStorageEstimator(topology=_topology(), constraints=constraints),
-        _tr.MemoStorageEstimator(topology=_topology(), constraints=constraints),
+        shard_estimators.MemoStorageEstimator(topology=_topology(), constraints=constraints),
     ):
         seen.clear()
         mine = copy.deepcopy(options)
@@ -116,7 +117,7 @@ def test_enumerator_passes_stash_weights_as_the_installed_one() -> None:
         ]
 
     stock = described(EmbeddingEnumerator(topology=_topology(), batch_size=64))
-    fast = described(_tr.FastEnumerator(topology=_topology(), batch_size=64))
+    fast = described(enumerators.FastEnumerator(topology=_topology(), batch_size=64))
     assert fast == stock
     if hasattr(EmbeddingEnumerator, "_get_stash_weights"):
         assert {s[3] for s in stock} == {True, False}  # the case shows the flag at all

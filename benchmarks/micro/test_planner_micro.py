@@ -99,7 +99,7 @@ def _replays(parts: dict[str, Any]) -> list[Any]:
 
 def test_enumerate(benchmark: Any, parts: dict[str, Any]) -> None:
     """Enumeration and estimation of every option (a fresh enumerator: no cache)."""
-    from fastinit.sharding import _torchrec as tr
+    from fastinit.sharding.mirror.planner import enumerators as tr
 
     def run() -> int:
         enumerator = tr.FastEnumerator(topology=_topology(), batch_size=512)

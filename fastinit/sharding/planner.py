@@ -8,8 +8,8 @@ deep copies of the search space and of each new best plan.
 ``FastPlanner`` runs the same search and returns the same plan:
 
 * the same enumeration, with estimators that compute each distinct shard once
-  (``_torchrec.FastEnumerator``), so the search space holds the same numbers. Shards are
-  described, not built (``_torchrec.CompactOption``: a data-parallel option's ``W`` alike shards
+  (``mirror.planner.enumerators.FastEnumerator``), so the search space holds the same numbers. Shards are
+  described, not built (``mirror.planner.types.CompactOption``: a data-parallel option's ``W`` alike shards
   are one size, one storage, one perf and a count); only the chosen options' shards are built;
 * the same proposers (grid search, the two greedy ones, uniform), replayed on indices, in the
   same order, with the same proposal cache. Proposals are streamed as the positions that change
@@ -93,6 +93,8 @@ from torchrec.distributed.planner.utils import bytes_to_gb, reset_shard_rank, st
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingType
 
 from fastinit.sharding import _torchrec as _tr
+from fastinit.sharding.mirror.planner import enumerators as _en
+from fastinit.sharding.mirror.planner import types as _ty
 
 __all__ = ["FastPlanner"]
 
@@ -149,7 +151,7 @@ class _Opt:
         "score_sum",
     )
 
-    def __init__(self, c: _tr.CompactOption) -> None:
+    def __init__(self, c: _ty.CompactOption) -> None:
         so = c.so
         self.c = c
         self.so = so
@@ -1245,7 +1247,7 @@ class FastPlanner(EmbeddingShardingPlanner):
             plan_loader=plan_loader,
         )
         if enumerator is None:
-            self._enumerator = _tr.FastEnumerator(
+            self._enumerator = _en.FastEnumerator(
                 topology=self._topology,
                 batch_size=self._batch_size,
                 constraints=constraints,
@@ -1329,15 +1331,15 @@ class FastPlanner(EmbeddingShardingPlanner):
             sharders=sharders,
             constraints=self._constraints,
         )
-        if isinstance(self._enumerator, _tr.FastEnumerator):
+        if isinstance(self._enumerator, _en.FastEnumerator):
             space = self._enumerator.enumerate_compact(module=module, sharders=sharders)
         else:
             try:
                 space = [
-                    _tr.CompactOption.from_option(so)
+                    _ty.CompactOption.from_option(so)
                     for so in self._enumerator.enumerate(module=module, sharders=sharders)
                 ]
-            except _tr.CompactUnsupported as e:
+            except _ty.CompactUnsupported as e:
                 raise _Unsupported(str(e)) from e
         if hasattr(self, "_search_space"):  # 1.9: get_search_space() gives it (built on demand)
             cast(Any, self)._search_space = None
@@ -1556,7 +1558,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         best_plan = [opts[i].c.materialise() for i in proposal]
         if self._callbacks:
             # callbacks may change the options: hand them copies, as the stock planner does
-            best_plan = _tr.copy_sharding_options(best_plan)
+            best_plan = _ty.copy_sharding_options(best_plan)
         for so, r in zip(best_plan, ranks):
             for shard, rank in zip(so.shards, r):
                 shard.rank = rank

@@ -1,0 +1,1 @@
+"""Mirrors of ``torchrec/distributed/planner/`` (see ``fastinit.sharding.mirror``)."""

@@ -1,0 +1,1 @@
+"""Mirrors of ``torchrec/distributed/planner/estimator/`` (see ``fastinit.sharding.mirror``)."""

@@ -47,6 +47,8 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fastinit.sharding._json import canonical_json
+
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
@@ -180,11 +182,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 # ---- encoding -------------------------------------------------------------------------------------
 
-
-def _canonical_json(obj: Any) -> str:
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+_canonical_json = functools.partial(canonical_json, allow_nan=False)
 
 
 def _is_range(value: list[Any]) -> bool:

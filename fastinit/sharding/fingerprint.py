@@ -21,10 +21,11 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from fastinit.sharding._json import canonical_json as _dumps
 
 if TYPE_CHECKING:
     from torch import nn
@@ -114,10 +115,6 @@ def _canon(value: Any, depth: int = 0, exclude: frozenset[str] = frozenset()) ->
         "object": _qualname(value),
         "settings": {k: _canon(v, deeper) for k, v in settings.items()},
     }
-
-
-def _dumps(doc: Any) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _is_topology(value: Any) -> bool:

@@ -37,6 +37,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fastinit.sharding._json import canonical_json as _dumps
+
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
@@ -76,10 +78,6 @@ class KeyLike(Protocol):
 
     @property
     def fingerprint(self) -> bytes: ...
-
-
-def _dumps(doc: Any) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _digest(doc: Any) -> str:

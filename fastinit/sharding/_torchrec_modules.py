@@ -116,11 +116,14 @@ def ec_initialize_torch_state(
     module: ShardedEmbeddingCollection,
     skip_registering: bool,
     stock: Callable[[bool], None],
+    build: Callable[[list[Any], Any, Any], Any],
 ) -> None:
     """``ShardedEmbeddingCollection._initialize_torch_state`` with each table's ShardedTensor
     metadata built from the plan's ``sharding_spec`` (stock: 2 ``all_gather_object`` per table),
     with the table's data type, as TorchRec's EmbeddingBagCollection does.
 
+    ``build(local_shards, metadata, pg)`` builds a ShardedTensor (``fastinit.sharding.local.
+    sharded_tensor``, passed in: this module imports nothing of ``local``, which imports it).
     ``stock(skip_registering)`` is TorchRec's method; it runs unchanged (parameters, hooks) with
     the sharded tables' state_dict handling left to this function. Modules this does not cover
     (DTensor output, virtual tables, customised kernels) run TorchRec's method as it is.
@@ -139,8 +142,6 @@ def ec_initialize_torch_state(
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.types import ShardingEnv2D
     from torchrec.modules.embedding_configs import data_type_to_dtype
-
-    from fastinit.sharding.local import sharded_tensor
 
     m: Any = module
     plan = m.module_sharding_plan
@@ -170,7 +171,7 @@ def ec_initialize_torch_state(
             tensor_sizes=torch.Size((config.num_embeddings, config.embedding_dim)),
             tensor_properties=TensorProperties(dtype=data_type_to_dtype(config.data_type)),
         )
-        m._model_parallel_name_to_sharded_tensor[name] = sharded_tensor(shards, metadata, pg)
+        m._model_parallel_name_to_sharded_tensor[name] = build(shards, metadata, pg)
 
 
 def table_config(module: Any, name: str) -> Any:

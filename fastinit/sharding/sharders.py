@@ -203,7 +203,9 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         building = getattr(self, "_fastinit_building", False)
         self._fastinit_building = True  # TorchRec's method ends in reset_parameters: once, below
         try:
-            _trc.ec_initialize_torch_state(self, skip_registering, super()._initialize_torch_state)
+            _trc.ec_initialize_torch_state(
+                self, skip_registering, super()._initialize_torch_state, _local.sharded_tensor
+            )
         finally:
             self._fastinit_building = building
         self.reset_parameters()

@@ -1,0 +1,89 @@
+"""The code layout docs/ports.md describes: no import circle in fastinit.sharding, one canonical
+JSON helper, ported planner code in files named after the upstream ones."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import fastinit
+
+ROOT = pathlib.Path(fastinit.__file__).parent
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = ("fastinit",) + path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (at the top or inside a function)."""
+    files = {
+        _module_name(p): p
+        for p in (ROOT / package.removeprefix("fastinit.").replace(".", "/")).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            hit = next((t for t in targets if t in files and t != name), None)
+            if hit is not None:
+                graph[name].add(hit)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [n]
+            if n not in state and (found := visit(n)) is not None:
+                return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)) is not None:
+            return found
+    return None
+
+
+def test_no_import_circle_in_sharding() -> None:
+    graph = _imports("fastinit.sharding")
+    assert "fastinit.sharding.local" in graph["fastinit.sharding.sharders"]  # the scan sees imports
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_one_canonical_json_helper() -> None:
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        text = path.read_text()
+        if 'separators=(",", ":")' in text and path.name != "_json.py":
+            offenders.append(str(path.relative_to(ROOT)))
+    # checkpoint/format.py writes its own (ASCII-escaped) bytes; its format is not this one
+    assert offenders == ["checkpoint/format.py"], offenders
+
+
+def test_ported_planner_code_in_upstream_named_files() -> None:
+    from fastinit import ports
+
+    mirror = "fastinit.sharding.mirror."
+    for key, port in ports.PORTS.items():
+        upstream = key.split(":")[0]
+        prefix = "torchrec.distributed.planner."
+        if upstream.startswith(prefix) and port.where.startswith(mirror) and port.how == "ported":
+            here = port.where.split(",")[0].strip()
+            assert here.startswith(mirror + upstream.removeprefix("torchrec.distributed.") + "."), (
+                key,
+                port.where,
+            )

@@ -386,6 +386,75 @@ def test_stopped_partitions_and_alike_proposals_keep_the_stock_plan(name: str) -
     assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ebc-cpu-ws8",
+        "ebc-cpu-ws16-lws2",
+        "ec-cuda-ws8",
+        "ties-alike-tables-cpu",
+        "row-wise-uneven-cpu",
+        "table-does-not-fit-cpu",
+    ],
+)
+def test_batched_partitions_keep_the_stock_plan(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Proposals partitioned together (``_Search.evaluate_batch``) give the stock plan."""
+    monkeypatch.setattr(FastPlanner, "_batch_min", 1)
+    monkeypatch.setattr(FastPlanner, "_batch_size", 5)
+    case = next(c for c in CASES if c.name == name)
+    fast, stock, planner = run_both(case)
+    assert isinstance(fast, ShardingPlan) and isinstance(stock, ShardingPlan)
+    assert_same_plan(fast, stock)
+    assert planner._num_batched > 0
+    assert planner._num_proposals == planner.stock_num_proposals  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ebc-cpu-ws8",
+        "ebc-cpu-ws1",
+        "ebc-cpu-ws16-lws2",
+        "ec-cpu-ws4-lws2",
+        "ec-cuda-ws8",
+        "ties-alike-tables-cpu",
+        "ties-one-rank",
+        "table-does-not-fit-cpu",
+        "every-cpu-sharding-type",
+    ],
+)
+def test_batched_partition_equals_one_by_one(name: str) -> None:
+    """``evaluate_batch`` gives every proposal of both greedy proposers the ranks and rating that
+    ``evaluate`` gives it, bit for bit, or hands it back (``_SCALAR``)."""
+    case = next(c for c in CASES if c.name == name)
+    planner = FastPlanner(topology=case.topology(), **case.planner_kwargs())
+    opts, lists, search = _search_parts(planner, case.module(), case.world_size)
+    assert search.batch_ok
+    stream = fast_planner_module._Stream(opts, len(lists), case.world_size)
+    vecs = []
+    for use_depth in (True, False):
+        replay = fast_planner_module._GreedyReplay(opts, lists, GreedyProposer(use_depth=use_depth))
+        changes = replay.propose()
+        while changes is not None:
+            stream.apply(changes)
+            vecs.append(list(stream.cur))
+            replay.feedback(True, None)
+            changes = replay.propose()
+    results = search.evaluate_batch(vecs)
+    assert results is not None
+    batched = 0
+    for vec, result in zip(vecs, results):
+        expected = search.evaluate(vec)
+        if result is fast_planner_module._SCALAR:
+            continue
+        assert expected is not None
+        ranks, rating = result
+        assert rating == expected[1]
+        assert ranks() == expected[0]
+        batched += 1
+    assert batched > 0
+
+
 def test_partition_classes_merge_only_alike_options() -> None:
     """One-shard table-wise and column-wise options of a table share a class; nothing else does."""
     planner = FastPlanner(topology=Topology(world_size=8, local_world_size=4, compute_device="cpu"))

@@ -582,6 +582,13 @@ class _CutType:
 _CUT = _CutType()
 
 
+class _ScalarType:
+    """The type of ``_SCALAR``: a proposal that left ``_Search.evaluate_batch`` (evaluate it alone)."""
+
+
+_SCALAR = _ScalarType()
+
+
 def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
     """A class per option: options of one table that the partitioner and the rating treat alike.
 
@@ -685,6 +692,29 @@ class _Search:
         self.lb_tot_sum = np.array([o.tot_sum for o in opts], dtype=np.float64)
         self.lb_uni_min = np.where(uniform, [o.tot_min for o in opts], 0.0)
         self.lb_nu_max = np.where(uniform, 0.0, [o.tot_max for o in opts])
+        # the batched partition (``evaluate_batch``): devices alike, ranks 0..n-1 of the rated
+        # world, hosts of ``group_size`` devices covering every device
+        self.kinds = kinds
+        self.batch_ok = (
+            self.same_devices
+            and self.n_dev == rating_world_size
+            and bool(self.hosts)
+            and len(self.hosts) * group_size == self.n_dev
+            and all(o.group == o.fqn for o in opts)
+            # every storage sum fits an int64: the batch holds storage in numpy
+            and sum(abs(v) for o in opts for v in o.total_storage)
+            + group_size * max((abs(v) for s in st0 for v in s), default=0)
+            < 1 << 62
+        )
+        # the device-heap order of ``_device_place`` for device-placed options:
+        # (load, rank % local_world_size, rank)
+        first: dict[int, int] = {}
+        self.canon = np.array(
+            [first.setdefault(c, i) for i, c in enumerate(self.classes)], dtype=np.int64
+        )
+        self.dev_perm = np.array(
+            sorted(range(self.n_dev), key=lambda j: (j % self.lws, j)), dtype=np.intp
+        )
 
     # -- lower bound of the rating ---------------------------------------------------------------
 
@@ -862,6 +892,212 @@ class _Search:
         if run_r:
             np.add.at(perfs, run_r, run_t)
         return float(perfs.max())
+
+    # -- the batched partition -------------------------------------------------------------------
+
+    def evaluate_batch(self, vecs: Sequence[Sequence[int]]) -> list[Any] | None:
+        """``evaluate`` of several proposals together, each with its own per-device state.
+
+        The proposals' non-uniform options are merged into one list in the stock group order
+        (the stable sort by the stock key; a proposal's own groups are a subsequence of it), and
+        each option is placed for every proposal holding it at once: the state of every device
+        is a row per proposal, and each proposal takes the least loaded host (first in
+        ``(summed load, host index)`` order) and device (``(load, rank % L, rank)``) under its
+        own loads, with the same IEEE operations, in the same order, as ``evaluate``: the
+        results are those of ``evaluate``, bit for bit. A proposal whose chosen host or device
+        does not fit (the stock partitioner then tries the next one), or whose uniform options
+        are not the alike ones of the scalar path, leaves the batch: its entry is ``_SCALAR``
+        and the caller evaluates it alone.
+
+        Returns:
+            per proposal ``(ranks getter, rating)`` or ``_SCALAR``; None where the batch does not
+            apply (options placed another way, groups of several tables).
+        """
+        if not self.batch_ok or not vecs:
+            return None
+        opts = self.opts
+        n_b = len(vecs)
+        # options of one partition class are placed and rated alike: each is replaced by the
+        # first option of its class, so alike proposals share every merged option
+        mat = self.canon[np.array(vecs, dtype=np.intp)]
+        n_dev, lsz, n_hosts = self.n_dev, self.group_size, len(self.hosts)
+        alive = np.ones(n_b, dtype=bool)
+        ref = mat[0]
+        same_col = (mat == ref).all(axis=0)
+        every = np.arange(n_b)
+        cols: list[tuple[int, int, np.ndarray]] = [
+            (f, i, every) for f, i in zip(np.flatnonzero(same_col).tolist(), ref[same_col].tolist())
+        ]
+        for f in np.flatnonzero(~same_col).tolist():
+            col = mat[:, f]
+            for i in np.unique(col).tolist():
+                cols.append((f, i, np.flatnonzero(col == i)))
+        cols.sort(key=lambda c: (c[0], c[1]))
+
+        # 1. uniform options, in proposal order (the alike-device, one-shard-value path)
+        (h0, d0, x0), pf0 = self.st0_list[0], self.pf0_list[0]
+        bst = [np.full(n_b, v, dtype=np.int64) for v in (h0, d0, x0)]
+        bpf = [np.full(n_b, v, dtype=np.float64) for v in pf0]
+        uni_cols: list[tuple[int, int, np.ndarray]] = []
+        items: list[tuple[int, int, np.ndarray]] = []
+        for f, i, mem in cols:
+            o = opts[i]
+            if o.kind == _UNIFORM:
+                if o.n != n_dev or not o.const:
+                    alive[mem] = False
+                    continue
+                for arr, v in zip(bst, o.st_d[0]):
+                    arr[mem] -= v
+                for arr, v in zip(bpf, o.pf_d[0]):
+                    arr[mem] += v
+                uni_cols.append((f, i, mem))
+            elif o.kind == _DEVICE or (
+                o.kind == _HOST and o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value
+            ):
+                items.append((f, i, mem))
+            else:
+                return None
+        for arr in bst:
+            alive &= arr >= 0
+        # 2. the non-uniform options in the stock group order (one table per group)
+        if self.balance_modules:
+            param_count: dict[str, int] = {}
+            for i in ref.tolist():
+                p = opts[i].path
+                param_count[p] = param_count.get(p, 0) + 1
+
+        def key(item: tuple[int, int, np.ndarray]) -> list[Any]:
+            o = opts[item[1]]
+            k: list[Any] = [o.total_perf] if self.sort_by_perf else [o.total_storage]
+            if self.balance_modules:
+                k.insert(0, -param_count[o.path])
+            return k
+
+        items.sort(key=key, reverse=True)
+
+        # per-device state, flat (proposal m, device j at m * n_dev + j): remaining storage
+        # (hbm, ddr, ssd) and the perf components in ``pf_d`` order, and ``Perf.total``
+        # storage kinds no merged option needs cannot bind (the base is >= 0): not tracked
+        rows = [
+            r
+            for r in range(3)
+            if any(opts[i].total_storage[r] or any(t[r] for t in opts[i].st) for _, i, _ in items)
+        ]
+        st = np.repeat(np.stack(bst)[rows], n_dev, axis=1)
+        pf = np.repeat(np.stack(bpf), n_dev, axis=1)
+        # State.apply / the uniform path: fwd_compute + bwd_compute + fwd_comms + bwd_comms + ...
+        tot = (((pf[0] + pf[2]) + pf[1]) + pf[3]) + pf[4]
+        # per-host remaining storage (m * n_hosts + host) and summed load (``_Hosts._refresh``)
+        hst = np.repeat(np.stack(bst)[rows] * lsz, n_hosts, axis=1)
+        col0 = np.zeros(n_b, dtype=np.float64)
+        for _ in range(lsz):  # a loop from 0 over the host's devices
+            col0 = col0 + tot[::n_dev]
+        hsum = np.repeat(col0, n_hosts).reshape(n_b, n_hosts)
+        hsum_flat = hsum.reshape(-1)
+        local = np.arange(lsz)
+        perm = self.dev_perm
+        rec: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []
+        killed = 0
+
+        def place(f: int, i: int, s: int, idx: np.ndarray, j: np.ndarray) -> np.ndarray | None:
+            """Shard ``s`` of ``o`` on device ``j[m]`` of proposal ``idx[m]``, where it fits;
+            returns the mask of those placed (the others leave the batch), None: all placed."""
+            nonlocal killed
+            fi = idx * n_dev + j
+            ok = None
+            if rows:
+                need = o_st[i][s]
+                fits = (st[:, fi] >= need).all(axis=0)
+                if not fits.all():
+                    ok = fits
+                    alive[idx[~ok]] = False
+                    killed += 1
+                    idx, j, fi = idx[ok], j[ok], fi[ok]
+                st[:, fi] -= need
+                hst[:, idx * n_hosts + j // lsz] -= need
+            g = pf[:, fi] + o_pf[i][s]
+            pf[:, fi] = g
+            tot[fi] = (((g[0] + g[2]) + g[1]) + g[3]) + g[4]
+            rec.append((f, i, s, idx, j))
+            return ok
+
+        def refresh(idx: np.ndarray, host: np.ndarray) -> None:
+            devs = tot[(idx * n_dev + host * lsz)[:, None] + local]
+            hsum_flat[idx * n_hosts + host] = np.add.accumulate(devs, axis=1)[:, -1]
+
+        o_st: dict[int, np.ndarray] = {}
+        o_pf: dict[int, np.ndarray] = {}
+        for f, i, mem in items:
+            if killed:
+                mem = mem[alive[mem]]
+                if not mem.size:
+                    continue
+            idx = mem
+            o = opts[i]
+            if i not in o_st:
+                o_st[i] = np.array(o.st, dtype=np.int64)[:, rows].reshape(o.n, len(rows), 1)
+                o_pf[i] = np.array(o.pf, dtype=np.float64).reshape(o.n, 5, 1)
+            if o.kind == _HOST:
+                host = (hsum if idx is every else hsum[idx]).argmin(axis=1)
+                if rows:
+                    need = np.array(o.total_storage, dtype=np.int64)[rows].reshape(len(rows), 1)
+                    fits = (hst[:, idx * n_hosts + host] >= need).all(axis=0)
+                    if not fits.all():
+                        alive[idx[~fits]] = False
+                        killed += 1
+                        idx, host = idx[fits], host[fits]
+                for s in range(o.n):
+                    if not idx.size:
+                        break
+                    base = idx * n_dev + host * lsz
+                    j = host * lsz + tot[base[:, None] + local].argmin(axis=1)
+                    ok = place(f, i, s, idx, j)
+                    if ok is not None:
+                        idx, host = idx[ok], host[ok]
+                if idx.size:
+                    refresh(idx, host)
+            else:
+                for s in range(o.n):
+                    if not idx.size:
+                        break
+                    j = perm[tot.reshape(n_b, n_dev)[idx][:, perm].argmin(axis=1)]
+                    ok = place(f, i, s, idx, j)
+                    if ok is not None:
+                        idx, j = idx[ok], j[ok]
+                    refresh(idx, j // lsz)
+
+        # 3. the rating (``_rate``): per-rank sums in proposal order, then the maximum
+        perfs = np.zeros((n_b, n_dev), dtype=np.float64)
+        flat = perfs.reshape(-1)
+        events: list[tuple[int, int, int, Any, Any]] = [
+            (f, -1, i, mem, None) for f, i, mem in uni_cols
+        ]
+        events.extend((f, s, i, idx, j) for f, i, s, idx, j in rec)
+        events.sort(key=lambda e: (e[0], e[1]))
+        for _, s, i, idx, j in events:
+            if s < 0:
+                perfs[idx] += opts[i].tot_d[0]
+            else:
+                flat[idx * n_dev + j] += opts[i].tot[s]
+        ratings = perfs.max(axis=1).tolist()
+
+        kinds = self.kinds
+
+        def ranks_of(m: int) -> Callable[[], list[list[int]]]:
+            def build() -> list[list[int]]:
+                vec = mat[m]
+                out: list[list[int]] = [
+                    self.ranks if kinds[i] == _UNIFORM else [] for i in vec.tolist()
+                ]
+                for f, _, _, idx, j in rec:
+                    p = int(np.searchsorted(idx, m))
+                    if p < len(idx) and idx[p] == m:
+                        out[f].append(int(j[p]))
+                return out
+
+            return build
+
+        return [(ranks_of(m), ratings[m]) if alive[m] else _SCALAR for m in range(n_b)]
 
     def _cw_kv_place(
         self, o: _Opt, heap: list[tuple[float, int, int, int]], state: _State
@@ -1256,6 +1492,12 @@ class FastPlanner(EmbeddingShardingPlanner):
         self.fallback_reason: str | None = None
         self._num_cut = 0
         self._num_twins = 0
+        self._num_batched = 0
+
+    #: the offline search partitions proposals together (``_Search.evaluate_batch``) when at least
+    #: ``_batch_min`` of them have a bound below the best rating found, up to ``_batch_size``
+    _batch_min = 8
+    _batch_size = 128
 
     if hasattr(EmbeddingShardingPlanner, "get_search_space"):  # torchrec 1.9
 
@@ -1323,6 +1565,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         #: ranks and rating of an alike one; neither is in ``_num_plans``
         self._num_cut = 0
         self._num_twins = 0
+        self._num_batched = 0
         start_time = perf_counter()
         storage_constraint: Topology = self._storage_reservation.reserve(
             topology=self._topology,
@@ -1433,32 +1676,26 @@ class FastPlanner(EmbeddingShardingPlanner):
         # proposals partitioned so far, by class hash: (j, result); a proposal whose options are
         # alike (``_partition_classes``) to an evaluated one's gets its ranks and rating
         done: dict[int, list[tuple[int, Any]]] = {}
-        for j in order:
-            if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
-                break
-            s = ids[j]
-            vec = stream.vector(s)
-            result: Any = None
-            twin = False
+
+        def twin_result(s: int) -> tuple[bool, Any]:
             for j2, res2 in done.get(stream.hcs[s], ()):
                 if stream.class_vector(ids[j2]) == stream.class_vector(s):
-                    result, twin = res2, True
-                    self._num_twins += 1
-                    break
-            if not twin:
-                if best is None or not search.can_cut:
-                    result = search.evaluate(vec)
-                else:
-                    result = search.evaluate_cut(vec, best_rating * (1 + _PRUNE_SLACK))
-                done.setdefault(stream.hcs[s], []).append((j, result))
+                    return True, res2
+            return False, None
+
+        def take(j: int, vec: list[int], result: Any, twin: bool) -> None:
+            """The stock rule: the first proposal (in proposal order) with the lowest rating."""
+            nonlocal best, best_idx, best_rating
+            if twin:
+                self._num_twins += 1
             if result is None:
                 failed.append(j)
-                continue
+                return
             if result is _CUT:
                 # stopped above an earlier best rating: above the best one now
                 if not twin:
                     self._num_cut += 1
-                continue
+                return
             if not twin:
                 self._num_plans += 1
             ranks, rating = result
@@ -1466,6 +1703,98 @@ class FastPlanner(EmbeddingShardingPlanner):
                 best is not None and rating == best_rating and j < best_idx
             ):
                 best, best_idx, best_rating = (vec, ranks), j, rating
+
+        def cutoff_evaluate(vec: list[int]) -> Any:
+            if best is None or not search.can_cut:
+                return search.evaluate(vec)
+            return search.evaluate_cut(vec, best_rating * (1 + _PRUNE_SLACK))
+
+        batching = search.batch_ok and lbs is not None
+        handled = [False] * len(order)
+        p = 0
+        while p < len(order):
+            if handled[p]:
+                p += 1
+                continue
+            j = order[p]
+            if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
+                break
+            batch: list[int] = []
+            batch_at: list[int] = []
+            if batching and best is not None and lbs is not None:
+                # every proposal whose bound is below the best rating found so far is
+                # partitioned (or stopped) one by one anyway: partition alike ones together
+                # (those that differ from the first in few tables: the merged list stays short)
+                ref = search.canon[np.array(stream.vector(ids[j]), dtype=np.intp)]
+                limit = max(8, len(ref) // 32)
+                q = p
+                while (
+                    q < len(order)
+                    and len(batch) < self._batch_size
+                    and q - p < 4 * self._batch_size
+                    and lbs[order[q]] * (1 - _PRUNE_SLACK) <= best_rating
+                ):
+                    if not handled[q]:
+                        other = search.canon[np.array(stream.vector(ids[order[q]]), dtype=np.intp)]
+                        if int(np.count_nonzero(other != ref)) <= limit:
+                            batch.append(order[q])
+                            batch_at.append(q)
+                    q += 1
+                if len(batch) < self._batch_min:
+                    batch, batch_at = [], []
+            if not batch:
+                s = ids[j]
+                vec = stream.vector(s)
+                twin, result = twin_result(s)
+                if not twin:
+                    result = cutoff_evaluate(vec)
+                    done.setdefault(stream.hcs[s], []).append((j, result))
+                take(j, vec, result, twin)
+                handled[p] = True
+                p += 1
+                continue
+            # the batch: twins of earlier proposals, and of one another, take their results
+            entries: list[tuple[int, list[int], int | None, Any]] = []
+            pending: list[list[int]] = []
+            pending_j: list[int] = []
+            local: dict[int, list[int]] = {}
+            for jb in batch:
+                s = ids[jb]
+                vec = stream.vector(s)
+                twin, result = twin_result(s)
+                if twin:
+                    entries.append((jb, vec, None, result))
+                    continue
+                cls = stream.class_vector(s)
+                for k in local.get(stream.hcs[s], ()):
+                    if stream.class_vector(ids[pending_j[k]]) == cls:
+                        break
+                else:
+                    k = len(pending)
+                    local.setdefault(stream.hcs[s], []).append(k)
+                    pending.append(vec)
+                    pending_j.append(jb)
+                entries.append((jb, vec, k, None))
+            results = search.evaluate_batch(pending)
+            if results is None:
+                batching = False
+                continue
+            for k, r in enumerate(results):
+                if r is _SCALAR:
+                    results[k] = cutoff_evaluate(pending[k])
+                else:
+                    self._num_batched += 1
+                jk = pending_j[k]
+                done.setdefault(stream.hcs[ids[jk]], []).append((jk, results[k]))
+            for jb, vec, k, result in entries:
+                if k is None:
+                    take(jb, vec, result, True)
+                else:
+                    take(jb, vec, results[k], pending_j[k] != jb)
+            for q in batch_at:
+                handled[q] = True
+        if best is not None and callable(best[1]):
+            best = (best[0], best[1]())
 
         lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
         last_failed: list[int] | None = None

@@ -948,8 +948,8 @@ class _Search:
                     continue
                 for arr, v in zip(bst, o.st_d[0]):
                     arr[mem] -= v
-                for arr, v in zip(bpf, o.pf_d[0]):
-                    arr[mem] += v
+                for arr_f, v_f in zip(bpf, o.pf_d[0]):
+                    arr_f[mem] += v_f
                 uni_cols.append((f, i, mem))
             elif o.kind == _DEVICE or (
                 o.kind == _HOST and o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value
@@ -1786,11 +1786,11 @@ class FastPlanner(EmbeddingShardingPlanner):
                     self._num_batched += 1
                 jk = pending_j[k]
                 done.setdefault(stream.hcs[ids[jk]], []).append((jk, results[k]))
-            for jb, vec, k, result in entries:
-                if k is None:
+            for jb, vec, at, result in entries:
+                if at is None:
                     take(jb, vec, result, True)
                 else:
-                    take(jb, vec, results[k], pending_j[k] != jb)
+                    take(jb, vec, results[at], pending_j[at] != jb)
             for q in batch_at:
                 handled[q] = True
         if best is not None and callable(best[1]):

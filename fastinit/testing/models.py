@@ -211,14 +211,19 @@ class SparseArch(nn.Module):
         )
         self.out_features = sum(c.embedding_dim for cs in configs.values() for c in cs)
         self.ebc_features = [f for c in configs["ebc"] for f in c.feature_names]
+        self.wbc_features = [f for c in configs["wbc"] for f in c.feature_names]
         self.ec_features = [f for c in configs["ec"] for f in c.feature_names]
 
     def forward(self, sparse: Any, weighted: Any) -> torch.Tensor:
         parts: list[torch.Tensor] = []
+        # By key, never by position: a sharded EBC returns its keys in the plan's order
+        # (grouped by sharding type and rank), not the tables' order (as torchrec's DLRM does).
         if self.ebc is not None:
-            parts.append(self.ebc(sparse).values())
+            pooled = self.ebc(sparse).to_dict()
+            parts.extend(pooled[name] for name in self.ebc_features)
         if self.wbc is not None:
-            parts.append(self.wbc(weighted).values())
+            pooled = self.wbc(weighted).to_dict()
+            parts.extend(pooled[name] for name in self.wbc_features)
         if self.ec is not None:
             jts = self.ec(sparse)
             for name in self.ec_features:

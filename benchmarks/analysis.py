@@ -43,6 +43,8 @@ _INFO_KEYS = (
     "graphs_total",
     "precompiled_found",
     "precompiled_served",
+    "compile_prefetch",
+    "compile_prefetch_s",
     "loss",
     "master_addr",
     "device",
@@ -106,8 +108,19 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
     # A step ends when its slowest rank ends: per step the max over ranks, then the median.
     later = sorted(set.intersection(*(set(r["steps_s"]) for r in ranks)))
     steady = [max(r["steps_s"][k] for r in ranks) for k in later]
+    # The first step once every rank is in it: a rank that enters it early (a shorter pre_train)
+    # waits in its first collective for the others; that wait is start-up skew (it is in the
+    # time to first batch already), not the step.
+    entered = [r for r in ranks if "first_step" in r["stage_start_s"]]
+    first_synced = (
+        max(r["stage_start_s"]["first_step"] + r["stages_s"]["first_step"] for r in entered)
+        - max(r["stage_start_s"]["first_step"] for r in entered)
+        if entered
+        else float("nan")
+    )
     return {
         "steady_step_s": statistics.median(steady) if steady else float("nan"),
+        "first_step_synced_s": first_synced,
         "ttfb_s": worst["ttfb_s"],
         "stages_s": {s: max(r["stages_s"].get(s, 0.0) for r in ranks) for s in TIMELINE},
         "setup": {k: max(r["setup"][k] for r in ranks) for k in keys},
@@ -170,6 +183,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "warmup": {k: med(r["warmup"][k] for r in runs) for k in first["warmup"]},
         "peak_rss_mb": med(r["peak_rss_mb"] for r in runs),
         "steady_step_s": med(r.get("steady_step_s", float("nan")) for r in runs),
+        "first_step_synced_s": med(r.get("first_step_synced_s", float("nan")) for r in runs),
         "setup_by_op": first["setup_by_op"],
         "info": first["ranks"][0]["info"],
     }
@@ -234,6 +248,10 @@ def table_rows(results: Mapping[str, Any], floors: Mapping[str, Any]) -> list[di
                     "best_steady_step_s": b.get("steady_step_s", nan),
                     "first_vs_steady": ratio(
                         f["stages_s"].get("first_step", nan), f.get("steady_step_s", nan)
+                    ),
+                    "fastinit_first_synced_s": f.get("first_step_synced_s", nan),
+                    "synced_vs_steady": ratio(
+                        f.get("first_step_synced_s", nan), f.get("steady_step_s", nan)
                     ),
                     "precompiled_served": f.get("info", {}).get("precompiled_served", 0),
                 }

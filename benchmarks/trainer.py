@@ -156,6 +156,11 @@ class TrainerConfig:
     precompile: bool = True
     """fastinit: compile the targets ahead of time and keep that form in the compile cache, so a
     warm restart's first step runs without a Dynamo trace (:mod:`fastinit.warmup.precompile`)."""
+    compile_prefetch: str = "auto"
+    """fastinit: import the compile stack and probe the CPU ISA on a stage thread beside the
+    sharding (:func:`fastinit.warmup.prefetch_compiler`): "on", "off", or "auto": on only where
+    the host has a spare core per rank (with a core per rank the imports, Python-bound, only
+    contend with the sharding for the same core)."""
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
@@ -177,6 +182,10 @@ class TrainerConfig:
             raise ValueError("stock-best needs --cache-dir (its shared storage)")
         if self.warmup not in ("auto", "fast-batch", "none"):
             raise ValueError(f"warmup must be auto, fast-batch or none, got {self.warmup!r}")
+        if self.compile_prefetch not in ("auto", "on", "off"):
+            raise ValueError(
+                f"compile_prefetch must be auto, on or off, got {self.compile_prefetch!r}"
+            )
         if self.worker_start not in ("fork", "spawn"):
             raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
         if self.model not in MODELS:
@@ -474,6 +483,16 @@ class _Trainer:
         self.info["warmup_s"] = report.seconds
         return report
 
+    def compile_prefetch(self, device: Any) -> None:
+        """fastinit: the compile stack's one-off process costs, on a stage thread."""
+        from fastinit.warmup import prefetch_compiler
+
+        done = prefetch_compiler(cpu_inductor=device.type == "cpu")
+        done.wait()
+        self.info["compile_prefetch_s"] = done.seconds
+        if done.error is not None:
+            self.info["compile_prefetch_error"] = done.error
+
     def get_first_batch_data(self, it: Any) -> Any:
         return next(it)
 
@@ -512,6 +531,21 @@ class _Trainer:
             "pre_train": self.pre_train,
         }
         deps = dict(FASTINIT_DEPS)
+        after = dict(FASTINIT_AFTER)
+        prefetch = self.config.compile_prefetch
+        if prefetch == "auto":
+            prefetch = "on" if _cores_per_rank() >= 2 else "off"
+        self.info["compile_prefetch"] = prefetch
+        if self.config.compile and prefetch == "on":
+            # The compile stack's imports and CPU ISA probe (seconds, the same whatever is
+            # compiled) beside the sharding, once the DataLoader workers are forked.
+            order = list(stages)
+            order.insert(order.index("get_first_batch_data") + 1, "compile_prefetch")
+            stages = {n: self.compile_prefetch if n == "compile_prefetch" else stages[n]
+                      for n in order}  # fmt: skip
+            deps["compile_prefetch"] = ("device_init",)
+            after["compile_prefetch"] = ("preproc_creation",)
+            after["pre_train"] = ("compile_prefetch",)
         if self.resume_from is not None:
             # The load is local (no collective): beside the data pipeline, before the warm-up
             # (which snapshots and restores the state it runs on).
@@ -526,7 +560,7 @@ class _Trainer:
                 name,
                 _on_device(fn),
                 deps=deps[name],
-                after=FASTINIT_AFTER.get(name, ()),
+                after=after.get(name, ()),
                 collective=name in collective,
             )
         results = graph.run()
@@ -791,6 +825,12 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--worker-start", choices=("fork", "spawn"), default="fork")
     parser.add_argument("--warmup", choices=("auto", "fast-batch", "none"), default="auto")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
+    parser.add_argument(
+        "--compile-prefetch",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="fastinit: compile-stack imports on a thread beside the sharding",
+    )
     parser.add_argument("--steps", type=int, default=1, help="training steps in all")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
     parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
@@ -814,6 +854,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_step=args.checkpoint_step,
         precompile=not args.no_precompile,
+        compile_prefetch=args.compile_prefetch,
     )
 
 

@@ -263,3 +263,27 @@ def test_cold_single_run_needs_no_prime(tmp_path: pathlib.Path, monkeypatch: Any
     assert result["ttfb_s"] == 1.0 and ran == ["data", "run"]
     with pytest.raises(SystemExit, match="make prime"):
         bench.run_single("stock", "large", "same-hosts", config)
+
+
+def test_first_step_once_every_rank_is_in_it(tmp_path: Any) -> None:
+    """A rank that enters the first step early waits there for the others: the plain first step
+    (max over ranks) counts that wait, the synced one starts when the last rank enters."""
+    import json
+
+    from benchmarks.analysis import analyse_run
+
+    paths = []
+    for rank, (start, end) in enumerate([(10.0, 11.0), (10.8, 11.0)]):
+        events = [
+            {"kind": "meta", "rank": rank},
+            {"kind": "span", "name": "first_step", "ts": start * 1e6, "dur": (end - start) * 1e6},
+            {"kind": "span", "name": "step", "step": 2, "ts": 11e6, "dur": 0.1e6},
+            {"kind": "bench", "process_start": 0.0, "ttfb_s": end, "peak_rss_mb": 1.0},
+        ]
+        path = tmp_path / f"trace-rank{rank}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        paths.append(str(path))
+    out = analyse_run(paths)
+    assert out["stages_s"]["first_step"] == pytest.approx(1.0)
+    assert out["first_step_synced_s"] == pytest.approx(0.2)
+    assert out["steady_step_s"] == pytest.approx(0.1)

@@ -269,3 +269,29 @@ def test_compile_cache_takes_the_compile_targets() -> None:
     )
     c = CompileCache.for_targets(model, CompileConfig(targets=targets, backend="aot_eager"), config)
     assert a.key == b.key != c.key
+
+
+# -- compile-stack prefetch ---------------------------------------------------------------------
+
+
+def test_prefetch_compiler_imports_the_compile_stack_on_a_thread() -> None:
+    """In a fresh process (the imports are once per process): the prefetch returns at once, runs
+    on its own daemon thread, imports what the first torch.compile imports, probes the CPU ISA;
+    torch.compile still works after it, and the global RNG is untouched."""
+    code = """
+import sys, threading
+import torch
+from fastinit.warmup import prefetch_compiler
+state = torch.get_rng_state()
+assert "torch._inductor.compile_fx" not in sys.modules
+p = prefetch_compiler(cpu_inductor=True)
+assert p.thread is not threading.current_thread() and p.thread.daemon
+assert p.wait(300), "prefetch did not finish"
+assert p.error is None, p.error
+assert "torch._inductor.compile_fx" in p.imported and p.seconds > 0, p
+assert p.vec_isa is not None
+f = torch.compile(lambda x: x * 2 + 1, backend="aot_eager")
+assert torch.equal(f(torch.ones(3)), torch.full((3,), 3.0))
+assert torch.equal(torch.get_rng_state(), state)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -12,6 +12,7 @@ No submodule is named like a public function (the batch code lives in ``batch``)
 ``from fastinit.warmup import fast_batch`` is the function whatever was imported before.
 * :class:`CompileCache` — compiled artifacts kept across jobs (MegaCache file + Inductor dir).
 * :func:`resume_stage` — a DCP checkpoint load as a stage, overlapped with the data pipeline.
+* :func:`prefetch_compiler` — the compile stack's one-off imports and probes, on a thread.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
         module_fingerprint,
     )
     from fastinit.warmup.graph import GraphConfig, Stage, StageError, StageGraph
+    from fastinit.warmup.prefetch import CompilerPrefetch, prefetch_compiler
     from fastinit.warmup.resume import load_checkpoint, resume_stage, save_checkpoint
     from fastinit.warmup.warmup import (
         CompileConfig,
@@ -90,6 +92,7 @@ _EXPORTS: dict[str, str] = {
         "compile_cache",
     ),
     **dict.fromkeys(("save_checkpoint", "load_checkpoint", "resume_stage"), "resume"),
+    **dict.fromkeys(("CompilerPrefetch", "prefetch_compiler"), "prefetch"),
 }
 
 __all__ = [
@@ -101,6 +104,7 @@ __all__ = [
     "CompileCache",
     "CompileCacheConfig",
     "CompileConfig",
+    "CompilerPrefetch",
     "GraphConfig",
     "SparseFeature",
     "Stage",
@@ -114,6 +118,7 @@ __all__ = [
     "fast_batch",
     "load_checkpoint",
     "module_fingerprint",
+    "prefetch_compiler",
     "preserved_state",
     "check_batch",
     "resolve_targets",

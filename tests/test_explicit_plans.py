@@ -60,6 +60,43 @@ def test_long_shard_lists_find_the_same_runs_with_arrays() -> None:
         assert layout.runs_of(shards) == layout._runs_of_list(shards)
 
 
+def test_placements_read_by_attribute_find_what_their_strings_find() -> None:
+    """torch's placements are read without a string each (ranks and devices by attribute);
+    placements of other kinds (strings, tampered objects) through their strings; both give the
+    runs the list version finds."""
+    import torch
+    from torch.distributed.remote_device import _remote_device
+
+    rng = random.Random(1)
+    devices = ["cpu", "cuda", "cuda:0", "cuda:3", "meta", "cuda:7"]
+    for trial in range(300):
+        n = rng.choice([32, 48, 64])
+        shards = []
+        for r in range(n):
+            dev = f"cuda:{r % 8}" if trial % 3 else rng.choice(devices)
+            rank = r if rng.random() < 0.95 else rng.randrange(n)
+            sizes: list[Any] = [3, 4]
+            if trial % 7 == 0 and r == n // 2:
+                sizes = [3.0, 4]  # compares equal to [3, 4], as in the list version
+            shards.append(ShardMetadata([r * 3, 0], sizes, f"rank:{rank}/{dev}"))
+        if trial % 5 == 0:  # a placement given as a plain string (set after construction)
+            shards[rng.randrange(n)].placement = "rank:2/cpu"  # type: ignore[assignment]
+        if trial % 11 == 0:  # a device given as torch.device of a type and an index
+            shards[rng.randrange(n)].placement = _remote_device(torch.device("cuda", 2))
+        expected = layout._runs_of_list(shards)
+        assert layout.runs_of(shards) == expected, trial
+    # a tampered placement whose string names no rank, a rank that is a bool, float offsets
+    shards = [ShardMetadata([r * 3, 0], [3, 4], f"rank:{r}/cpu") for r in range(40)]
+    shards[5].placement._rank = True  # type: ignore[union-attr]
+    shards[9].placement._worker_name = "trainer"  # type: ignore[union-attr]
+    assert layout.runs_of(shards) == layout._runs_of_list(shards)
+    assert layout.runs_of(shards)[1].rank is None  # "rank:True/cpu" names no rank
+    shards = [ShardMetadata([r * 3, 0], [3, 4], f"rank:{r}/cpu") for r in range(40)]
+    shards[7].shard_offsets = [21.0, 0]  # type: ignore[list-item]
+    assert layout._runs_of_array(shards) is None
+    assert layout.runs_of(shards) == layout._runs_of_list(shards)
+
+
 def _irregular(plan: Any, model: Any) -> tuple[str, str]:
     """Make one EBC table column-wise in uneven blocks on ranks in no order: no rule."""
     path = "sparse.ebc"

@@ -182,40 +182,39 @@ def runs_of(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...]:
 
 
 def _runs_of_array(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...] | None:
-    """:func:`runs_of` on arrays of the shards' offsets, sizes and ranks: the Python work is one
-    attribute read per shard field and one step per run. None when the shards do not fit int64
-    arrays of one width (the list version decides those)."""
+    """:func:`runs_of` on arrays of the shards' offsets, sizes and ranks: the Python work is a
+    few C-level sweeps over the shards (one attribute each) and one step per run, no string or
+    object per shard. None when the shards do not fit int64 arrays of one width (the list
+    version decides those)."""
     import operator
+    from array import array
+    from itertools import chain
 
     import numpy as np
 
-    texts = [str(p) for p in map(operator.attrgetter("placement"), shards)]
+    n = len(shards)
+    offs_l = list(map(operator.attrgetter("shard_offsets"), shards))
+    sizes_l = list(map(operator.attrgetter("shard_sizes"), shards))
+    if any(type(v) is not int for v in (*offs_l[0], *sizes_l[0])):
+        return None  # e.g. bools or numpy ints: their runs hold what the list version keeps
     try:
-        offs = np.array(list(map(operator.attrgetter("shard_offsets"), shards)), dtype=np.int64)
-        sizes = np.array(list(map(operator.attrgetter("shard_sizes"), shards)), dtype=np.int64)
+        dims = set(map(len, chain(offs_l, sizes_l)))
+        if len(dims) != 1:
+            return None
+        (d,) = dims
+        # array("q") takes exactly what compares as an int (no floats, no strings)
+        offs = np.frombuffer(array("q", chain.from_iterable(offs_l)), dtype=np.int64)
     except (ValueError, TypeError, OverflowError):
         return None
-    n = len(texts)
-    if offs.ndim != 2 or offs.shape != sizes.shape or offs.shape[0] != n:
+    offs = offs.reshape(n, d)
+    # same_size[k]: shard k + 1 has shard k's sizes (compared as the list version compares)
+    same_size = np.fromiter(map(operator.eq, sizes_l, sizes_l[1:]), dtype=bool, count=n - 1)
+    got = _placement_arrays(list(map(operator.attrgetter("placement"), shards)))
+    if got is None:
         return None
-    if any(type(v) is not int for s in shards[:1] for v in (*s.shard_offsets, *s.shard_sizes)):
-        return None  # e.g. bools or numpy ints: their runs hold what the list version keeps
-    unique = {t: _parse_cached(t) for t in dict.fromkeys(texts)}
-    modulus = _spec_modulus(list(unique.values()))
-    form_id: dict[tuple[str, int] | None, int] = {None: -1}
-    ids: dict[str, int] = {}
-    for t, p in unique.items():
-        form = _form(p, modulus)
-        ids[t] = form_id.setdefault(form, len(form_id)) if form is not None else -1
-    forms_by_id = {v: k for k, v in form_id.items()}
-    fid = np.fromiter(map(ids.__getitem__, texts), dtype=np.int64, count=n)
-    ranks = np.fromiter(
-        ((p[0] if p[0] is not None else 0) for p in map(unique.__getitem__, texts)),
-        dtype=np.int64,
-        count=n,
-    )
+    fid, ranks, forms_by_id, rankless = got
     # eq[k]: shard k + 1 has shard k's sizes and placement form (one that names a rank)
-    eq = (fid[1:] == fid[:-1]) & (fid[:-1] >= 0) & (sizes[1:] == sizes[:-1]).all(axis=1)
+    eq = (fid[1:] == fid[:-1]) & (fid[:-1] >= 0) & same_size
     diffs = np.concatenate([offs[1:] - offs[:-1], (ranks[1:] - ranks[:-1])[:, None]], axis=1)
     # cont[k]: shard k + 1 continues the run holding shards k - 1 and k (same step)
     cont = np.zeros(n, dtype=bool)
@@ -225,26 +224,127 @@ def _runs_of_array(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...] | No
     runs: list[ShardRun] = []
     i = 0
     while i < n:
-        p = unique[texts[i]]
-        sz = tuple(sizes[i].tolist())
-        off = tuple(offs[i].tolist())
+        sz = tuple(sizes_l[i])
+        off = tuple(offs_l[i])
         if fid[i] < 0:
-            runs.append(ShardRun(1, sz, off, (0,) * len(sz), None, 0, p[1], 0))
+            runs.append(ShardRun(1, sz, off, (0,) * len(sz), None, 0, rankless[i], 0))
             i += 1
             continue
         form = forms_by_id[int(fid[i])]
-        assert form is not None and p[0] is not None
+        rank = int(ranks[i])
         if i + 1 >= n or not eq[i]:
-            runs.append(ShardRun(1, sz, off, (0,) * len(sz), p[0], 0, form[0], form[1]))
+            runs.append(ShardRun(1, sz, off, (0,) * len(sz), rank, 0, form[0], form[1]))
             i += 1
             continue
         k = int(breaks[np.searchsorted(breaks, i + 1)])  # the run's last shard
         step = diffs[i].tolist()
-        runs.append(
-            ShardRun(k - i + 1, sz, off, tuple(step[:-1]), p[0], step[-1], form[0], form[1])
-        )
+        runs.append(ShardRun(k - i + 1, sz, off, tuple(step[:-1]), rank, step[-1], *form))
         i = k + 1
     return tuple(runs)
+
+
+def _placement_arrays(
+    placements: list[Any],
+) -> tuple[Any, Any, dict[int, tuple[str, int]], dict[int, str]] | None:
+    """Per shard, the id of its placement form (-1: names no rank) and its rank (0 if none),
+    as int64 arrays; the forms by id; the placement string of each rank-less shard.
+
+    torch's own placements (``_remote_device`` objects of ``rank:<r>/<device>``) are read by
+    attribute: their ranks as one array, their devices (a handful of distinct ones) parsed
+    once each. Anything else is read through its string, one parse per distinct string. Both
+    give what :func:`_parse` gives for ``str(placement)``.
+    """
+    import numpy as np
+
+    n = len(placements)
+    fast = _remote_placements(placements)
+    if fast is not None:
+        ranks, device_of, dev_texts = fast
+        parsed = [_parse_device(t) for t in dev_texts]
+        modulus = _spec_modulus([(0, t, dt, ix) for t, (dt, ix) in zip(dev_texts, parsed)])
+        form_id: dict[tuple[str, int], int] = {}
+        on_rule = np.empty(len(dev_texts), dtype=np.int64)  # form if index == rank % modulus
+        off_rule = np.empty(len(dev_texts), dtype=np.int64)  # form otherwise
+        index = np.full(len(dev_texts), -1, dtype=np.int64)
+        for u, (t, (dtype, ix)) in enumerate(zip(dev_texts, parsed, strict=True)):
+            off_rule[u] = form_id.setdefault((t, 0), len(form_id))
+            if dtype is not None and modulus and ix is not None:
+                on_rule[u] = form_id.setdefault((dtype, modulus), len(form_id))
+                index[u] = ix
+            else:
+                on_rule[u] = off_rule[u]
+        if len(dev_texts) == 1:
+            matched = (index[0] == ranks % modulus) if modulus else np.zeros(n, dtype=bool)
+            fid = np.where(matched, on_rule[0], off_rule[0])
+        else:
+            dev = device_of
+            matched = (index[dev] == ranks % modulus) if modulus else np.zeros(n, dtype=bool)
+            fid = np.where(matched, on_rule[dev], off_rule[dev])
+        return fid, ranks, {v: k for k, v in form_id.items()}, {}
+    texts = [str(p) for p in placements]
+    unique = {t: _parse_cached(t) for t in dict.fromkeys(texts)}
+    modulus = _spec_modulus(list(unique.values()))
+    ids: dict[tuple[str, int] | None, int] = {None: -1}
+    of_text: dict[str, int] = {}
+    for t, p in unique.items():
+        form = _form(p, modulus)
+        of_text[t] = ids.setdefault(form, len(ids) - 1) if form is not None else -1
+    fid = np.fromiter(map(of_text.__getitem__, texts), dtype=np.int64, count=n)
+    ranks = np.fromiter(
+        ((p[0] if p[0] is not None else 0) for p in map(unique.__getitem__, texts)),
+        dtype=np.int64,
+        count=n,
+    )
+    rankless = {int(i): texts[i] for i in np.flatnonzero(fid < 0)}
+    forms = {v: k for k, v in ids.items() if k is not None}
+    return fid, ranks, forms, rankless
+
+
+def _parse_device(text: str) -> tuple[str | None, int | None]:
+    """``(device type, device index)`` of a placement's device string, as :func:`_parse`."""
+    d = _INDEXED.match(text)
+    return (None, None) if d is None else (d.group(1), int(d.group(2)))
+
+
+def _remote_placements(placements: list[Any]) -> tuple[Any, Any, list[str]] | None:
+    """For placements that are all torch ``_remote_device`` objects naming a rank (no worker
+    name) and a ``torch.device``: their ranks (int64), the index of each one's device among
+    the distinct devices (int64; 0 when there is one), and the distinct devices' strings.
+    None otherwise. ``str`` of such a placement is ``rank:<rank>/<device>`` (torch's
+    ``__repr__``), so these give what parsing its string gives."""
+    import operator
+    from array import array
+
+    import numpy as np
+    import torch
+    from torch.distributed.remote_device import _remote_device
+
+    if set(map(type, placements)) != {_remote_device}:
+        return None
+    if set(map(operator.attrgetter("_worker_name"), placements)) != {None}:
+        return None
+    rank_list = list(map(operator.attrgetter("_rank"), placements))
+    if set(map(type, rank_list)) != {int}:
+        return None  # None (no rank), or a rank torch's parser would not have made
+    try:
+        ranks = np.frombuffer(array("q", rank_list), dtype=np.int64)
+    except OverflowError:
+        return None
+    if ranks.min() < 0:
+        return None  # "rank:-1/..." names no rank
+    devices = list(map(operator.attrgetter("_device"), placements))
+    distinct = dict.fromkeys(devices)
+    if any(type(d) is not torch.device for d in distinct):
+        return None
+    texts = [str(d) for d in distinct]
+    if len(set(texts)) != len(texts) or not all(texts):
+        return None  # equal strings of unequal devices: leave them to the string path
+    if len(distinct) == 1:
+        device_of = np.zeros(len(placements), dtype=np.int64)
+    else:
+        at = {d: i for i, d in enumerate(distinct)}
+        device_of = np.fromiter(map(at.__getitem__, devices), dtype=np.int64, count=len(devices))
+    return ranks, device_of, texts
 
 
 def _runs_of_list(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...]:

@@ -113,14 +113,18 @@ micro: $(STAMP)
 	$(PY) -m pytest benchmarks/micro --benchmark-only $(PYTEST_ARGS)
 
 # TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
-# fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree at the installed
-# version (git archive v1.8.0-rc1 of TorchRec's repository for STACK=1.8; see tools/peer/run.py
-# for 1.9); nothing is fetched. Output in peer-out/.
+# fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree (git archive
+# v1.8.0-rc1 of TorchRec's repository for STACK=1.8, imported from the tree; for STACK=1.9 the
+# newest commit there, 376cac6, whose tests run against the installed 1.9.2 and its test
+# utilities: tools/peer/run.py); nothing is fetched. Output in peer-out/ (peer-out-1.9/).
 TORCHREC_SRC ?= $(FASTINIT_TORCHREC_SRC)
 PEER_ARGS ?=
+PEER_FROM := $(if $(filter 1.8,$(STACK)),source,installed)
+PEER_OUT := $(if $(filter 1.8,$(STACK)),peer-out,peer-out-$(STACK))
 .PHONY: peer
 peer: $(STAMP)
-	$(PY) -m tools.peer --torchrec-src "$(TORCHREC_SRC)" $(PEER_ARGS)
+	$(PY) -m tools.peer --torchrec-src "$(TORCHREC_SRC)" --torchrec-from $(PEER_FROM) \
+	  --out $(PEER_OUT) $(PEER_ARGS)
 
 # fastinit's CUDA path on one GPU (NCCL, fbgemm CUDA kernels, one training step): installs the
 # CUDA builds first (CUDA=1), then scripts/gpu_check.sh; under 8 minutes once installed.

@@ -190,7 +190,7 @@ PORTS: dict[str, Port] = {
     ),
     f"{_D}embedding_sharding:group_tables": Port("setup", f"{_K}.fast_group_tables", "assumed"),
     f"{_D}embeddingbag:ShardedEmbeddingBagCollection._initialize_torch_state": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+        "setup", f"{_K}.ebc_initialize_torch_state", "rebound"
     ),
     f"{_D}embeddingbag:ShardedEmbeddingBagCollection.create_embedding_bag_sharding": Port(
         "setup", f"{_K}._sharding_factory", "rebound"
@@ -284,13 +284,68 @@ def source_hash(key: str) -> str:
     Raises:
         Exception: its source cannot be read (a build without sources).
     """
-    import inspect
 
     try:
         obj = _resolve(key)
     except (ImportError, AttributeError):
         return ABSENT
-    return hashlib.sha256(normalise(source_of(inspect.unwrap(obj))).encode()).hexdigest()
+    return hashlib.sha256(normalise(installed_source(key, obj)).encode()).hexdigest()
+
+
+def installed_source(key: str, obj: Any | None = None) -> str:
+    """The source of the upstream object ``key`` as its installed file defines it.
+
+    Normally ``source_of`` of the live object. Where the live attribute is not the function the
+    file defines under that name (replaced at run time: ``unittest.mock.patch.object`` of a
+    method, as TorchRec's own tests do, or any monkeypatch; its ``__qualname__`` is another), the
+    definition is read from the module's file instead: what is judged is the installed release,
+    not what a caller swapped in for the moment.
+
+    Raises:
+        Exception: the source cannot be read.
+    """
+    import inspect
+
+    if obj is None:
+        obj = _resolve(key)
+    fn = inspect.unwrap(obj)
+    qualname = key.partition(":")[2]
+    if isinstance(fn, type) or getattr(fn, "__qualname__", None) == qualname:
+        return source_of(fn)
+    found = _source_in_file(key)
+    return found if found is not None else source_of(fn)
+
+
+def _source_in_file(key: str) -> str | None:
+    """The lines (decorators included) of the ``def`` of ``key`` in its module's file, or None."""
+    import ast
+    import linecache
+
+    module_name, _, qualname = key.partition(":")
+    module = importlib.import_module(module_name)
+    filename = getattr(module, "__file__", None)
+    lines = linecache.getlines(filename) if filename else []
+    if not lines:
+        return None
+    body: list[ast.stmt] = ast.parse("".join(lines)).body
+    node: ast.stmt | None = None
+    for part in qualname.split("."):
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return None
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.end_lineno is None:
+        return None
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+    return "".join(lines[first : node.end_lineno])
 
 
 def source_of(obj: Any) -> str:

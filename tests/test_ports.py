@@ -146,3 +146,24 @@ def test_one_byte_edit_of_an_upstream_function_fails_naming_it(tmp_path: Path) -
     assert "FastEnumerator._enumerate_described" in error
     assert "EmbeddingEnumerator.__init__" not in error  # only the edited function
     assert "WARNED: True" in out.stdout
+
+
+def test_a_method_replaced_at_run_time_is_judged_by_its_file() -> None:
+    """TorchRec's own tests replace methods with ``unittest.mock.patch.object`` while building
+    a model: the checks judge the installed file's definition, and fastinit's sharded modules run
+    the replacement, as stock does."""
+    from unittest import mock
+
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection as cls
+
+    from fastinit import compat
+    from fastinit.sharding import kernels
+
+    key = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection._initialize_torch_state"
+    expected = ports.source_hash(key)
+    assert kernels.replaced_at_run_time(cls, "_initialize_torch_state") is None
+    with mock.patch.object(cls, "_initialize_torch_state", lambda self, **kwargs: None):
+        assert ports.source_hash(key) == expected
+        assert compat._missing(f"{key}>ShardedTensor") is None
+        assert kernels.replaced_at_run_time(cls, "_initialize_torch_state") is not None
+    assert kernels.replaced_at_run_time(cls, "_initialize_torch_state") is None

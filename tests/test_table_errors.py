@@ -57,3 +57,40 @@ def test_sharded_tensor_errors_read_as_stocks() -> None:
     (fast,) = run_ranks(_error_of, 1, args=("fastinit",), timeout=240)
     assert "Number of local shards (0) does not match" in stock
     assert fast == stock  # 1.9.2 names the table on its wrapped path; this model's is not it
+
+
+def _state_under_mock(which: str) -> tuple[list[str], list[str]]:
+    """Build with ``ShardedEmbeddingBagCollection._initialize_torch_state`` mocked out (as
+    TorchRec's ``test_initialize_torch_state_error_includes_table_name`` does), then run it."""
+    from unittest import mock
+
+    import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+    import fastinit
+    from fastinit.testing.models import ModelSpec, build_model, build_plan
+    from fastinit.testing.stock import stock_setup
+
+    spec = ModelSpec(num_tables=2, num_ec_tables=0, num_weighted_tables=0)
+    plan = build_plan(build_model(spec, device="meta"), "table_wise", dist.get_world_size())
+    with mock.patch.object(
+        ShardedEmbeddingBagCollection, "_initialize_torch_state", lambda self, **kwargs: None
+    ):
+        if which == "stock":
+            dmp = stock_setup(build_model(spec, device="meta"), plan)
+        else:
+            dmp = fastinit.setup(build_model(spec, device="meta"), plan=plan, seed=1)
+    ebc = dict(dmp.module.named_modules())["sparse.ebc"]
+    before = sorted(getattr(ebc, "_model_parallel_name_to_sharded_tensor", {}))
+    ebc._initialize_torch_state()
+    return before, sorted(ebc._model_parallel_name_to_sharded_tensor)
+
+
+@pytest.mark.timeout(300)
+def test_a_mocked_out_initialize_torch_state_is_honoured_as_stock_does() -> None:
+    from fastinit.testing.dist import run_ranks
+
+    (stock,) = run_ranks(_state_under_mock, 1, args=("stock",), timeout=240)
+    (fast,) = run_ranks(_state_under_mock, 1, args=("fastinit",), timeout=240)
+    assert stock[1]  # the tables' ShardedTensors once the method runs
+    assert fast == stock

@@ -22,6 +22,7 @@ expects it (a TorchRec upgrade) is a :class:`fastinit.errors.CompatibilityError`
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -173,11 +174,7 @@ def fast_classes() -> types.SimpleNamespace:
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
-    ebc_initialize_torch_state = rebound(
-        ShardedEmbeddingBagCollection._initialize_torch_state, ShardedTensor=st
-    )
     return types.SimpleNamespace(
-        ebc_initialize_torch_state=ebc_initialize_torch_state,
         create_embedding_bag_sharding=_sharding_factory(
             ShardedEmbeddingBagCollection.create_embedding_bag_sharding.__func__
         ),
@@ -189,6 +186,40 @@ def fast_classes() -> types.SimpleNamespace:
         lookups={"GroupedPooledEmbeddingsLookup": pooled, "GroupedEmbeddingsLookup": sequence},
         sharded_tensor=st,
     )
+
+
+def replaced_at_run_time(cls: type, name: str) -> Any | None:
+    """``cls``'s own attribute ``name`` where it is not the function ``cls``'s module defines
+    under that name (a mock or monkeypatch in force, as TorchRec's own tests do:
+    ``unittest.mock.patch.object(ShardedEmbeddingBagCollection, "_initialize_torch_state", ...)``),
+    else None. A caller then runs it as stock would, instead of fastinit's copy of the original."""
+    value = cls.__dict__.get(name)
+    fn = inspect.unwrap(value) if callable(value) else value
+    if (
+        getattr(fn, "__qualname__", None) == f"{cls.__qualname__}.{name}"
+        and getattr(fn, "__module__", None) == cls.__module__
+    ):
+        return None
+    return value
+
+
+@functools.cache
+def _rebound_ebc_initialize_torch_state(stock: Callable[..., Any]) -> Any:
+    return rebound(stock, ShardedTensor=fast_classes().sharded_tensor)
+
+
+def ebc_initialize_torch_state(module: Any, skip_registering: bool) -> None:
+    """``ShardedEmbeddingBagCollection._initialize_torch_state`` (TorchRec's code) with its
+    ShardedTensors built locally; where that method is replaced at run time, the replacement,
+    as stock calls it."""
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection as cls
+
+    replaced = replaced_at_run_time(cls, "_initialize_torch_state")
+    if replaced is not None:
+        replaced(module, skip_registering=skip_registering)
+        return
+    stock = cls.__dict__["_initialize_torch_state"]
+    _rebound_ebc_initialize_torch_state(stock)(module, skip_registering)
 
 
 class _SharedEmpty(list):

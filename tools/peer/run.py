@@ -7,11 +7,15 @@ Usage::
 
 The tree must be a TorchRec source checkout at the installed version (for torchrec 1.8.0, the
 ``v1.8.0-rc1`` tag; ``git archive`` of it is enough: nothing is built, fetched or written there).
-For torchrec 1.9.2 no release tag or branch was fetchable (the newest commit of the repository's
+For torchrec 1.9.2 no release tag or branch is fetchable (the newest commit of the repository's
 copy here is ``376cac6``, 2026-08-21, version 1.9.0a0, which differs from the 1.9.2 wheel in 62
-non-test files); run with ``--torchrec-from installed`` against it, pytest loaded the tree's
-``test_utils`` and collection failed (``module 'torchrec.distributed' has no attribute
-'planner'``): the 1.9 peer run is not working yet (issue 22).
+non-test files): run it with ``--torchrec-from installed`` (``make peer STACK=1.9`` does). Then
+the test files are copied out of the tree and run against the installed TorchRec *and its own
+test utilities* (the wheel ships ``torchrec/distributed/test_utils``, 1.9.2's); only the package
+the wheel lacks, ``torchrec.distributed.tests`` (which those utilities import), is found in the
+tree, after everything installed (a meta-path finder in the run's ``sitecustomize``). Loading the
+tree's ``test_utils`` over the wheel instead fails to collect (``module 'torchrec.distributed'
+has no attribute 'planner'``).
 Its ``torchrec/distributed/tests/test_model_parallel_gloo.py`` is run with pytest, from the tree,
 so TorchRec is imported from the tree, as a source checkout is (its version reads ``"unknown"``);
 ``--torchrec-from installed`` imports the installed TorchRec instead. TorchRec's test utilities
@@ -36,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +64,24 @@ sys.path.insert(0, {repo!r})
 from tools.peer import swap
 
 swap.install({log!r})
+"""
+
+_TREE_TESTS = """\
+# Written by tools.peer.run for one peer run against the installed TorchRec: the wheel ships
+# torchrec/distributed/test_utils but not torchrec/distributed/tests, which its test utilities
+# import; that one package is found in the source tree, after everything installed.
+import sys
+from importlib.machinery import PathFinder
+
+
+class _TreeTests:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchrec.distributed.tests":
+            return PathFinder.find_spec(name, [{tree!r}])
+        return None
+
+
+sys.meta_path.append(_TreeTests())
 """
 
 
@@ -169,17 +192,30 @@ def run_suite(
         stale.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="fastinit-peer-") as tmp:
         extra: list[str] = []
+        parts = []
+        if torchrec_from == "installed":
+            parts.append(_TREE_TESTS.format(tree=str(src / "torchrec" / "distributed")))
         if mode == "swap":
+            parts.append(_SITECUSTOMIZE.format(repo=str(REPO_ROOT), log=str(calls)))
+        if parts:
             hook = Path(tmp) / "hook"
             hook.mkdir()
-            text = _SITECUSTOMIZE.format(repo=str(REPO_ROOT), log=str(calls))
-            (hook / "sitecustomize.py").write_text(text, encoding="utf-8")
-            extra = [str(hook), str(REPO_ROOT)]
+            (hook / "sitecustomize.py").write_text("\n".join(parts), encoding="utf-8")
+            extra = [str(hook)] + ([str(REPO_ROOT)] if mode == "swap" else [])
         env = _environment(extra)
         if torchrec_from == "source":
             cwd, paths, mode_args = src, list(tests), ["--import-mode=prepend"]
-        else:  # the test files by absolute path; nothing puts the tree on sys.path
-            cwd, paths = Path(tmp), [str(src / t) for t in tests]
+        else:
+            # the test files copied out of the tree (into a directory that is no package), so
+            # nothing imports the tree: TorchRec and its test utilities (the wheel ships
+            # torchrec/distributed/test_utils) are the installed release's
+            cwd = Path(tmp)
+            run_dir = cwd / "tests"
+            run_dir.mkdir()
+            paths = []
+            for t in tests:
+                shutil.copyfile(src / t, run_dir / Path(t).name)
+                paths.append(str(run_dir / Path(t).name))
             mode_args = ["--import-mode=importlib"]
         where = _probe(cwd, env)
         cmd = [

@@ -1,35 +1,41 @@
 """Resume at scale: one rank of N = 64 … 8,192 loading a checkpoint, fastinit against stock DCP.
 
-    python -m benchmarks.resume_scale [--ranks 64,...,8192] [--stock-max 4096]
+    python -m benchmarks.resume_scale [--ranks 64,...,8192] [--stock-max 4096] [--rank R]
                                       [--model medium | --model-factory module:function]
                                       [--plan-factory module:function] [--quick]
 
-Each point is rank ``N - 1`` of ``N`` on torch's fake process-group backend, each step in a fresh
+Each point is one rank ``R`` of ``N`` on torch's fake process-group backend (``--rank``; by
+default, from the plan at ``N``: of the ranks holding the most sharded tables' shards, the
+highest-numbered — in the medium plan rank 252, holding a shard of every row-wise table and a
+table-wise table, whose resharded load reads other ranks' files than rank 0's; rank 0 holds as
+many but reads its N / 2 overlaps from rank 0 itself), each step in a fresh
 process (``fastinit.testing.dist.call_fresh``), the model set up by ``fastinit.setup`` from the
 plan (as ``make scale`` does), its state the model's ``state_dict`` and its fused optimizer's
 (EXACT_ROWWISE_ADAGRAD: one momentum row per table row).
 
-* **fastinit, same plan** — ``fastinit.checkpoint.save`` runs for real as rank ``N - 1`` (its own
+* **fastinit, same plan** — ``fastinit.checkpoint.save`` runs for real as rank ``R`` (its own
   shards) and as rank 0 (the index, the replicated values, the commit marker), on real files;
   no other rank's files exist (a same-plan load reads none). Then, in a fresh process, rank
-  ``N - 1`` runs ``fastinit.checkpoint.load`` and is timed.
+  ``R`` runs ``fastinit.checkpoint.load`` and is timed.
 * **fastinit, resharded** — a checkpoint saved by ``N / 2`` ranks: the ranks whose files rank
-  ``N - 1`` of ``N`` needs (the stored shards overlapping its new ones and, for optimizer-state
+  ``R`` of ``N`` needs (the stored shards overlapping its new ones and, for optimizer-state
   layouts, each table's shard-0 rank, found from the two plans) run the real ``save`` as ranks
-  of ``N / 2``, rank 0 last; then rank ``N - 1`` of ``N`` loads it.
+  of ``N / 2``, rank 0 last; then rank ``R`` of ``N`` loads it, reading the overlapping stored
+  chunks from those ranks' ``.distcp`` files.
 * **stock DCP** — the global ``.metadata`` that DCP's coordinator writes for the same state at
   ``N`` ranks, built with DCP's own classes: every rank's ``SavePlan`` from its shards
   (``_create_write_item_for_shard`` over the global shard metadata of each ShardedTensor, the
   replicated values in rank 0's), ``DefaultSavePlanner.create_global_plan`` (dedup and
   ``Metadata``), and ``FileSystemWriter.finish`` with one ``__<rank>_0.distcp`` per rank (lengths
-  the tensors' bytes). Then rank ``N - 1`` is timed doing what every rank of ``dcp.load`` does
+  the tensors' bytes). Then rank ``R`` is timed doing what every rank of ``dcp.load`` does
   before it reads data: ``FileSystemReader.read_metadata`` (the unpickle) and
   ``DefaultLoadPlanner``'s ``set_up_planner`` + ``create_local_plan``. Not counted: the gather of
   every rank's load plan on rank 0 and the scatter back (a stock rank waits for it), nor the
   data read — the stock figure is a lower bound.
 
-Measured per load: seconds, bytes read (``LoadReport``: data and metadata; and the process's
-``rchar`` from ``/proc/self/io`` around the call), and the peak RSS during the call (sampled every
+Measured per load: seconds, bytes read (``LoadReport``: tensor data, and index + metadata +
+layout files; "other" is the process's ``rchar`` from ``/proc/self/io`` around the call less
+those two), the rank's own data (its local shards + the replicated values), and the peak RSS during the call (sampled every
 2 ms from ``/proc/self/statm``) above the RSS before it. Results: ``resume-scale.json``,
 ``resume-scale.md`` and ``resume-scale.png`` in ``benchmarks/results/resume-scale/``.
 """
@@ -55,6 +61,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 __all__ = [
     "ResumeScaleConfig",
     "write_plan",
+    "prepare",
+    "default_rank",
+    "measured_rank",
     "needed_ranks",
     "save_ranks",
     "save_all",
@@ -89,6 +98,8 @@ class ResumeScaleConfig:
     """Largest N the stock ``.metadata`` is built at (its size and build time grow as N)."""
     local_world_size: int = 8
     """Ranks per host."""
+    rank: int | None = None
+    """The measured rank (negative: from the end, -1 is N - 1); None: :func:`default_rank`."""
     timeout_s: float = 1800.0
     """Per step (one fresh process)."""
     out: str = "benchmarks/results/resume-scale"
@@ -150,6 +161,14 @@ def write_plan(config_json: dict[str, Any], n: int, path: str) -> dict[str, Any]
 def write_plans(config_json: dict[str, Any], worlds: Sequence[int], paths: Sequence[str]) -> Any:
     """:func:`write_plan` for each world size, in one process."""
     return [write_plan(config_json, n, p) for n, p in zip(worlds, paths, strict=True)]
+
+
+def prepare(config_json: dict[str, Any], worlds: Sequence[int], paths: Sequence[str]) -> Any:
+    """:func:`write_plans`, then :func:`measured_rank` at the first world size, in one process."""
+    return {
+        "plans": write_plans(config_json, worlds, paths),
+        "measured": measured_rank(config_json, worlds[0], paths[0]),
+    }
 
 
 def _read_plan(path: str) -> Any:
@@ -248,19 +267,24 @@ def _state(model: Any) -> dict[str, Any]:
 
 def _own_bytes(state: dict[str, Any]) -> int:
     """Bytes of this rank's local data in ``state``: its shards and the replicated tensors."""
+    return sum(_own_split(state))
+
+
+def _own_split(state: dict[str, Any]) -> tuple[int, int]:
+    """(bytes of this rank's local shards, bytes of the replicated tensors) in ``state``."""
     import torch
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     flat, _ = flatten_state_dict(state)
-    total = 0
+    sharded = replicated = 0
     for value in flat.values():
         if isinstance(value, ShardedTensor):
             for shard in value.local_shards():
-                total += shard.tensor.numel() * shard.tensor.element_size()
+                sharded += shard.tensor.numel() * shard.tensor.element_size()
         elif isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
-    return total
+            replicated += value.numel() * value.element_size()
+    return sharded, replicated
 
 
 # -- what one call reads and holds -------------------------------------------------------------
@@ -339,12 +363,53 @@ def _overlap(a: tuple[list[int], list[int], int], b: tuple[list[int], list[int],
     )
 
 
-def needed_ranks(new_plan_path: str, n: int, old_plan_path: str) -> list[int]:
-    """The ranks of the old (N / 2) checkpoint whose files rank ``n - 1`` of the new plan reads:
-    those holding a stored shard that overlaps one of its new shards, and each of those tables'
-    shard-0 rank (it records the optimizer-state layouts); rank 0 (the index, the replicated
-    values) always. Computed from the two plans, outside any timing."""
-    mine = _shard_boxes(_read_plan(new_plan_path), n - 1)
+def _kinds(plan: Any) -> dict[str, str]:
+    """Table FQN -> sharding type."""
+    return {
+        f"{path}.{table}": ps.sharding_type
+        for path, module_plan in plan.plan.items()
+        for table, ps in module_plan.items()
+    }
+
+
+def default_rank(plan_path: str, n: int) -> int:
+    """The rank measured by default: of the ranks holding the most shards of sharded tables,
+    the highest-numbered (rank 0 holds as many in the medium plan, but it also writes the index
+    and reads its N / 2 overlaps from itself)."""
+    counts = [0] * n
+    for boxes in _shard_boxes(_read_plan(plan_path), None).values():
+        for _, _, r in boxes:
+            counts[r] += 1
+    most = max(counts)
+    return max(r for r, c in enumerate(counts) if c == most)
+
+
+def measured_rank(config_json: dict[str, Any], n: int, plan_path: str) -> dict[str, Any]:
+    """The rank a point measures (``config.rank`` or :func:`default_rank`) and what it holds:
+    sharding type -> number of its shards."""
+    config = _config(config_json)
+    if config.rank is None:
+        rank = default_rank(plan_path, n)
+    else:
+        rank = config.rank % n if config.rank < 0 else config.rank
+        if not 0 <= rank < n:
+            raise ValueError(f"--rank {config.rank} is not a rank of {n}")
+    plan = _read_plan(plan_path)
+    kinds = _kinds(plan)
+    held: dict[str, int] = {}
+    for table, boxes in _shard_boxes(plan, rank).items():
+        held[kinds[table]] = held.get(kinds[table], 0) + len(boxes)
+    return {"rank": rank, "holds": dict(sorted(held.items()))}
+
+
+def needed_ranks(
+    new_plan_path: str, n: int, old_plan_path: str, rank: int | None = None
+) -> list[int]:
+    """The ranks of the old (N / 2) checkpoint whose files rank ``rank`` (default ``n - 1``) of
+    the new plan reads: those holding a stored shard that overlaps one of its new shards, and
+    each of those tables' shard-0 rank (it records the optimizer-state layouts); rank 0 (the
+    index, the replicated values) always. Computed from the two plans, outside any timing."""
+    mine = _shard_boxes(_read_plan(new_plan_path), n - 1 if rank is None else rank)
     old = _shard_boxes(_read_plan(old_plan_path), None)
     ranks = {0}
     for table, boxes in mine.items():
@@ -387,20 +452,25 @@ def save_ranks(
 
 
 def save_all(
-    config_json: dict[str, Any], n: int, plans: dict[str, str], dirs: dict[str, str]
+    config_json: dict[str, Any],
+    n: int,
+    plans: dict[str, str],
+    dirs: dict[str, str],
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """The two checkpoints of one point, saved for real in this one process: ranks ``n - 1``
-    and 0 of ``n`` (same plan), and the ranks of ``n / 2`` that rank ``n - 1`` of ``n`` reads
-    (resharded)."""
-    out = {"same": save_ranks(config_json, n, [n - 1, 0], plans["new"], dirs["same"])}
+    """The two checkpoints of one point, saved for real in this one process: ranks ``rank``
+    (default ``n - 1``) and 0 of ``n`` (same plan), and the ranks of ``n / 2`` that rank
+    ``rank`` of ``n`` reads (resharded)."""
+    rank = n - 1 if rank is None else rank
+    out = {"same": save_ranks(config_json, n, sorted({rank, 0}), plans["new"], dirs["same"])}
     if "old" in plans:
-        ranks = needed_ranks(plans["new"], n, plans["old"])
+        ranks = needed_ranks(plans["new"], n, plans["old"], rank)
         out["resharded"] = save_ranks(config_json, n // 2, ranks, plans["old"], dirs["resharded"])
         out["resharded_ranks"] = ranks
     return out
 
 
-def _load(model: Any, ckpt_dir: str, own: int) -> dict[str, Any]:
+def _load(model: Any, ckpt_dir: str, own: tuple[int, int]) -> dict[str, Any]:
     from fastinit import checkpoint
 
     with _cpu_device_for_empty_shards(), _watch() as watched:
@@ -413,22 +483,31 @@ def _load(model: Any, ckpt_dir: str, own: int) -> dict[str, Any]:
         "metadata_bytes": report.metadata_bytes,
         "metadata_files": report.metadata_files,
         "source_ranks": list(report.source_ranks),
-        "own_bytes": own,
+        "own_bytes": sum(own),
+        "own_sharded_bytes": own[0],
+        "own_replicated_bytes": own[1],
+        "other_bytes": watched["rchar"] - report.bytes_read - report.metadata_bytes
+        if watched["rchar"] >= 0
+        else None,
     }
 
 
 def measure_all(
-    config_json: dict[str, Any], n: int, plan_path: str, dirs: dict[str, str]
+    config_json: dict[str, Any],
+    n: int,
+    plan_path: str,
+    dirs: dict[str, str],
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """Rank ``n - 1`` of ``n``, one process: ``fastinit.checkpoint.load`` of the same-plan and
-    of the resharded checkpoint, then stock DCP's metadata read and planning (last: it holds
-    the most memory), each watched on its own."""
+    """Rank ``rank`` (default ``n - 1``) of ``n``, one process: ``fastinit.checkpoint.load`` of
+    the same-plan and of the resharded checkpoint, then stock DCP's metadata read and planning
+    (last: it holds the most memory), each watched on its own."""
     import gc
 
     _quiet()
     config = _config(config_json)
-    model = _setup(config, n, n - 1, plan_path)
-    own = _own_bytes(_state(model))
+    model = _setup(config, n, n - 1 if rank is None else rank, plan_path)
+    own = _own_split(_state(model))
     out: dict[str, Any] = {}
     for key in ("same", "resharded"):
         if key in dirs:
@@ -446,7 +525,7 @@ def measure_all(
 
 
 def write_stock_metadata(
-    config_json: dict[str, Any], n: int, plan_path: str, out_dir: str
+    config_json: dict[str, Any], n: int, plan_path: str, out_dir: str, rank: int | None = None
 ) -> dict[str, Any]:
     """The global ``.metadata`` DCP's coordinator writes for this state at ``n`` ranks (built
     from DCP's own planner classes, see the module docstring); its size and entry counts."""
@@ -463,7 +542,7 @@ def write_stock_metadata(
 
     _quiet()
     config = _config(config_json)
-    model = _setup(config, n, n - 1, plan_path)
+    model = _setup(config, n, n - 1 if rank is None else rank, plan_path)
     t0 = time.perf_counter()
     planner = DefaultSavePlanner()
     planner.set_up_planner(_state(model), storage_meta=None, is_coordinator=True)
@@ -560,32 +639,35 @@ def _point(config: ResumeScaleConfig, n: int, tmp: str) -> dict[str, Any]:
     row: dict[str, Any] = {"world_size": n}
     worlds = [n] + ([n // 2] if n >= 2 else [])
     paths = [os.path.join(tmp, f"plan-{w}.bin") for w in worlds]
-    got = _fresh("write_plans", (cj, worlds, paths), t)
-    if isinstance(got, dict) and "error" in got:
+    got = _fresh("prepare", (cj, worlds, paths), t)
+    if "error" in got:
         row["error"] = f"plans: {got['error']}"
         return row
-    row.update(got[0])
+    row.update(got["plans"][0])
+    rank = got["measured"]["rank"]
+    row["rank"] = rank
+    row["rank_holds"] = got["measured"]["holds"]
     plans = {"new": paths[0]} | ({"old": paths[1]} if len(paths) > 1 else {})
     dirs = {"same": os.path.join(tmp, f"same-{n}")}
     if "old" in plans:
         dirs["resharded"] = os.path.join(tmp, f"resharded-{n}")
-    saved = _fresh("save_all", (cj, n, plans, dirs), t)
+    saved = _fresh("save_all", (cj, n, plans, dirs, rank), t)
     if "error" in saved:
         row["save_error"] = saved["error"]
         dirs = {}
     else:
-        row["save"] = saved["same"][str(n - 1)]
+        row["save"] = saved["same"][str(rank)]
         row["resharded_saved_ranks"] = saved.get("resharded_ranks")
     if n <= config.stock_max:
         stock = os.path.join(tmp, f"stock-{n}")
-        built = _fresh("write_stock_metadata", (cj, n, plans["new"], stock), t)
+        built = _fresh("write_stock_metadata", (cj, n, plans["new"], stock, rank), t)
         if "error" in built:
             row["stock"] = built
         else:
             row["stock_built"] = built
             dirs["stock"] = stock
     if dirs:
-        measured = _fresh("measure_all", (cj, n, plans["new"], dirs), t)
+        measured = _fresh("measure_all", (cj, n, plans["new"], dirs, rank), t)
         if "error" in measured:
             row["measure_error"] = measured["error"]
         else:
@@ -604,7 +686,7 @@ def _describe(row: dict[str, Any]) -> str:
         return "—" if "seconds" not in r else f"{r['seconds']:.3f} s"
 
     return (
-        f"{row['world_size']:>6}  same-plan {s('same_plan')}  resharded {s('resharded')}  "
+        f"{row['world_size']:>6}  rank {row.get('rank', '?')}  same-plan {s('same_plan')}  resharded {s('resharded')}  "
         f"stock {s('stock')}"
     )
 
@@ -691,7 +773,8 @@ def analyse(rows: Sequence[dict[str, Any]], config: ResumeScaleConfig) -> dict[s
         "targets": targets,
         "extra_bytes": extra,
         "notes": (
-            "rank N-1 of N on the fake process-group backend, each step a fresh process; "
+            "one rank R of N (the rank column; what it holds beside it) on the fake "
+            "process-group backend, each step a fresh process; "
             "fastinit: real save and load on real files (the ranks a load reads from saved for "
             "real, no other rank's files exist); stock: DCP's global .metadata for the same "
             "state from DCP's own save-planner classes, timed read_metadata + "
@@ -717,28 +800,46 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"## Resume at scale ({model} model, {plan} plan)\n",
         result["notes"] + "\n",
-        "| ranks | same-plan s | bytes read (data + metadata) | files | peak RSS growth MB "
-        "| resharded s | bytes read | source ranks | peak RSS growth MB "
+        "| ranks | rank | holds (shards by type) | same-plan s | files | peak RSS growth MB "
+        "| resharded s | source ranks | files | peak RSS growth MB "
         "| stock s (read + plan) | .metadata MB | chunks | peak RSS growth MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         s, r, k = row.get("same_plan"), row.get("resharded"), row.get("stock")
-
-        def read(x: Any) -> str:
-            if not isinstance(x, dict) or "bytes_read" not in x:
-                return "—"
-            return f"{x['bytes_read']:,} + {x['metadata_bytes']:,}"
-
         built = (k or {}).get("built", {}) if isinstance(k, dict) else {}
+        holds = ", ".join(f"{t} {c}" for t, c in (row.get("rank_holds") or {}).items()) or "—"
+        sources = r.get("source_ranks") if isinstance(r, dict) else None
         lines.append(
-            f"| {row['world_size']} | {_cell(s, 'seconds', '.3f')} | {read(s)} "
+            f"| {row['world_size']} | {row.get('rank', '—')} | {holds} "
+            f"| {_cell(s, 'seconds', '.3f')} "
             f"| {_cell(s, 'files_read', 'd')} | {_cell(s, 'rss_growth_mb', '.0f')} "
-            f"| {_cell(r, 'seconds', '.3f')} | {read(r)} "
-            f"| {len(r.get('source_ranks', [])) if isinstance(r, dict) else '—'} "
-            f"| {_cell(r, 'rss_growth_mb', '.0f')} "
+            f"| {_cell(r, 'seconds', '.3f')} "
+            f"| {'—' if sources is None else ', '.join(map(str, sources))} "
+            f"| {_cell(r, 'files_read', 'd')} | {_cell(r, 'rss_growth_mb', '.0f')} "
             f"| {_cell(k, 'seconds', '.2f')} | {_cell(k, 'metadata_bytes', '.1f', 2**20)} "
             f"| {_cell(built, 'chunks', 'd')} | {_cell(k, 'rss_growth_mb', '.0f')} |"
+        )
+    lines += [
+        "",
+        "Bytes (own data: the rank's local shards + the replicated values it loads; read: "
+        "tensor data from .distcp files; index/metadata: fastinit-index.json, .metadata and "
+        "layouts.json files; other: the process's rchar less both; stock: the .metadata read):",
+        "",
+        "| ranks | own shards | own replicated | same-plan data read | index/metadata | other "
+        "| resharded data read | index/metadata | other | stock rchar |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        s, r, k = row.get("same_plan"), row.get("resharded"), row.get("stock")
+        own = s if isinstance(s, dict) and "own_bytes" in s else r
+        lines.append(
+            f"| {row['world_size']} | {_cell(own, 'own_sharded_bytes', ',')} "
+            f"| {_cell(own, 'own_replicated_bytes', ',')} "
+            f"| {_cell(s, 'bytes_read', ',')} | {_cell(s, 'metadata_bytes', ',')} "
+            f"| {_cell(s, 'other_bytes', ',')} "
+            f"| {_cell(r, 'bytes_read', ',')} | {_cell(r, 'metadata_bytes', ',')} "
+            f"| {_cell(r, 'other_bytes', ',')} | {_cell(k, 'rchar', ',')} |"
         )
     t = result["targets"]
 
@@ -807,6 +908,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--plan-factory", default=None, metavar="MODULE:FUNCTION")
     parser.add_argument("--ranks", default=",".join(map(str, RANKS)))
     parser.add_argument("--stock-max", type=int, default=4096)
+    parser.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="the measured rank (negative: from the end); default: of the ranks holding the "
+        "most sharded tables' shards, the highest-numbered",
+    )
     parser.add_argument("--out", default="benchmarks/results/resume-scale")
     parser.add_argument("--quick", action="store_true", help="small model, 16 and 64 ranks")
     args = parser.parse_args(argv)
@@ -816,6 +924,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         plan_factory=args.plan_factory,
         ranks=(16, 64) if args.quick else tuple(int(x) for x in args.ranks.split(",")),
         stock_max=args.stock_max,
+        rank=args.rank,
         out=args.out,
     )
     result = run(config)

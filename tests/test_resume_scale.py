@@ -69,6 +69,16 @@ def test_needed_ranks_from_the_two_plans(tmp_path: Any) -> None:
     # holds the index and replicated values and shard 0 of every row-wise table.
     assert 0 in ranks and 7 in ranks
     assert len(ranks) < 8  # not every rank's files
+    # The measured rank by default holds sharded tables (row-wise among them), not only
+    # replicated state; its resharded load reads another rank's files than its own and rank 0's.
+    measured = rs.measured_rank(cfg, 16, new)
+    assert measured["holds"].get("row_wise", 0) > 0, measured
+    assert measured["rank"] == rs.default_rank(new, 16)
+    mine = rs.needed_ranks(new, 16, old, measured["rank"])
+    assert set(mine) - {0, measured["rank"]}, mine
+    assert rs.measured_rank({**cfg, "rank": -1}, 16, new)["rank"] == 15
+    with pytest.raises(ValueError, match="not a rank of 16"):
+        rs.measured_rank({**cfg, "rank": 16}, 16, new)
 
 
 @pytest.mark.slow
@@ -77,8 +87,11 @@ def test_end_to_end_small(tmp_path: Any) -> None:
     result = rs.run(config)
     row = result["rows"][0]
     assert row["same_plan"]["mode"] == "same-plan", row
-    assert row["same_plan"]["source_ranks"] == [15]
+    assert row["same_plan"]["source_ranks"] == [row["rank"]]
+    assert row["rank_holds"].get("row_wise", 0) > 0, row
     assert row["resharded"]["mode"] == "resharded", row
+    assert set(row["resharded"]["source_ranks"]) - {0, row["rank"]}, row
+    assert row["same_plan"]["own_sharded_bytes"] > 0
     assert row["stock"]["built"]["chunks"] > 0 and row["stock"]["read_items"] > 0
     assert (tmp_path / "out" / "resume-scale.md").exists()
 

@@ -230,3 +230,23 @@ def test_compact_plan_of_a_torch_saved_plan(tmp_path: Any) -> None:
         for ps in mp.values():
             assert isinstance(ps.sharding_spec, layout.compact_class())
     assert copy.deepcopy(compact).plan.keys() == plan.plan.keys()
+
+
+def test_the_user_factory_plan_compacts_to_itself() -> None:
+    """``benchmarks.scale_factories`` (make scale's factory-given model and plan, TorchRec
+    modules of its own and a plan built with ``construct_module_sharding_plan``): its regular
+    tables compact, and the compact plan is the given one (the same shards, the same bytes)."""
+    from benchmarks.scale_factories import user_model, user_plan
+
+    model = user_model()
+    plan = user_plan(model, 16, 8)
+    compact = layout.compact_plan(plan)
+    kinds = set()
+    for p, mp in compact.plan.items():
+        for n, ps in mp.items():
+            given = plan.plan[p][n].sharding_spec
+            kinds.add((ps.sharding_type, type(ps.sharding_spec).__name__))
+            assert ps.sharding_spec == given, (p, n)
+    for kind in ("row_wise", "grid_shard", "table_row_wise", "column_wise"):
+        assert (kind, "CompactShardingSpec") in kinds, kind
+    assert encode_plan(compact) == encode_plan(plan)

@@ -156,6 +156,10 @@ class TrainerConfig:
     precompile: bool = True
     """fastinit: compile the targets ahead of time and keep that form in the compile cache, so a
     warm restart's first step runs without a Dynamo trace (:mod:`fastinit.warmup.precompile`)."""
+    compile_in_background: bool = False
+    """fastinit: compile nothing before the first step; the targets compile ahead of time on a
+    thread from their first call while the steps run eager, and are swapped in at the first step
+    boundary after they are done (:attr:`fastinit.warmup.WarmupConfig.compile_in_background`)."""
     compile_prefetch: str = "auto"
     """fastinit: import the compile stack and probe the CPU ISA on a stage thread beside the
     sharding (:func:`fastinit.warmup.prefetch_compiler`): "on", "off", or "auto": on only where
@@ -454,6 +458,11 @@ class _Trainer:
             self.info["compile_cache"] = restored.status
             self.info["compile_cache_restore_s"] = restored.seconds
             self.info["precompiled_found"] = restored.precompiled
+        if compile_config is not None and self.config.compile_in_background:
+            self.info["warmup"] = "background"
+            background = dataclasses.replace(compile_config, precompile=True, background=True)
+            compile_modules(model, background, self.compile_cache)
+            return None
         warmup = self.config.warmup
         if warmup == "auto":
             warmup = "fast-batch" if _cores_per_rank() >= 2 else "none"
@@ -644,11 +653,26 @@ def _train_on(
         if step >= config.steps:
             break
         step += 1
+        _swap(trainer, step)
         with trace.span("step", step=step):
             last = pipeline.progress(data)
             losses[step] = _loss(last)
     if saver is not None:
         saver.wait()
+
+
+def _swap(trainer: _Trainer, step: int) -> None:
+    """--compile-in-background: at the step boundary before ``step``, swap in the targets whose
+    compile is done (no wait); the first step each one serves is recorded (``swapped_at``)."""
+    if not (trainer.config.compile_in_background and trainer.config.mode == "fastinit"):
+        return
+    done = trainer.info.setdefault("swapped_at", {})
+    if len(done) == len(COMPILE_TARGETS):
+        return
+    from fastinit.warmup import swap_in_compiled
+
+    for path in swap_in_compiled(trainer.model, wait=0.0):
+        done.setdefault(path, step)
 
 
 def _on_device(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -757,6 +781,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     graphs_before = compile_count()
     data = _Recent(itertools.chain([first], it))
     step = trainer.resume_from[1] + 1 if trainer.resume_from is not None else 1
+    _swap(trainer, step)
     with trace.span("first_step"):
         out = pipeline.progress(data)
     t_first = time.time()
@@ -803,7 +828,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
             trainer.save_for_next_run()
     _train_on(trainer, pipeline, data, step, losses, out)
     summary["losses"] = {str(k): v for k, v in sorted(losses.items())}
-    summary.update({k: trainer.info[k] for k in ("resume_how", "resumed_from_step", "save")
+    summary.update({k: trainer.info[k] for k in ("resume_how", "resumed_from_step", "save", "swapped_at")
                     if k in trainer.info})  # fmt: skip
     tracer.record(summary)
     tracer.stop()
@@ -825,6 +850,11 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--worker-start", choices=("fork", "spawn"), default="fork")
     parser.add_argument("--warmup", choices=("auto", "fast-batch", "none"), default="auto")
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
+    parser.add_argument(
+        "--compile-in-background",
+        action="store_true",
+        help="fastinit: train eager while the targets compile on a thread, then swap them in",
+    )
     parser.add_argument(
         "--compile-prefetch",
         choices=("auto", "on", "off"),
@@ -855,6 +885,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         checkpoint_step=args.checkpoint_step,
         precompile=not args.no_precompile,
         compile_prefetch=args.compile_prefetch,
+        compile_in_background=args.compile_in_background,
     )
 
 

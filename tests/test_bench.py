@@ -287,3 +287,14 @@ def test_first_step_once_every_rank_is_in_it(tmp_path: Any) -> None:
     assert out["stages_s"]["first_step"] == pytest.approx(1.0)
     assert out["first_step_synced_s"] == pytest.approx(0.2)
     assert out["steady_step_s"] == pytest.approx(0.1)
+
+
+def test_trainer_flags_for_background_compile_and_prefetch() -> None:
+    from benchmarks.trainer import TrainerConfig, _parse
+
+    config = _parse(["--compile-in-background", "--compile-prefetch", "on"])
+    assert config.compile_in_background and config.compile_prefetch == "on"
+    default = _parse([])
+    assert not default.compile_in_background and default.compile_prefetch == "auto"
+    with pytest.raises(ValueError, match="compile_prefetch"):
+        TrainerConfig(compile_prefetch="sometimes")

@@ -5,7 +5,8 @@
         --plan-factory benchmarks.scale_factories:user_plan
 
 Not fastinit's reference model: TorchRec modules built directly (no ``fastinit.testing``), nested
-under a ``ModuleDict``, tables of several sizes and dims, and a plan written the way a user
+under a ``ModuleDict``, tables of several sizes and dims (small enough that
+setup's time is its own work, not filling the tables), and a plan written the way a user
 writes one with TorchRec's ``construct_module_sharding_plan``: the sharding type chosen per table
 by its size (large tables row-wise over every rank; wide ones column-wise over one host, or a
 grid over one host, or over two for two column blocks; mid-sized ones table-row-wise, small ones
@@ -34,7 +35,7 @@ def user_model() -> Any:
             EmbeddingBagConfig(
                 name=f"{prefix}_{i}",
                 embedding_dim=(64, 128, 32, 256)[i % 4],
-                num_embeddings=(200_000, 5_000, 40_000, 300, 1_000_000)[i % 5] + 11 * i,
+                num_embeddings=(20_000, 500, 4_000, 30, 100_000)[i % 5] + 11 * i,
                 feature_names=[f"{prefix}_f{i}"],
             )
             for i in range(count)
@@ -56,7 +57,7 @@ def user_model() -> Any:
                     EmbeddingConfig(
                         name=f"hist_{i}",
                         embedding_dim=64,
-                        num_embeddings=(100_000, 2_000, 30_000)[i % 3] + 7 * i,
+                        num_embeddings=(10_000, 200, 3_000)[i % 3] + 7 * i,
                         feature_names=[f"hist_f{i}"],
                     )
                     for i in range(32)
@@ -88,26 +89,26 @@ def user_plan(module: Any, world_size: int, local_world_size: int) -> Any:
             i, index = index, index + 1
             rows, dim = c.num_embeddings, c.embedding_dim
             local = list(range((i % hosts) * local_world_size, (i % hosts + 1) * local_world_size))
-            if rows >= 100_000:
+            if rows >= 10_000:
                 per_param[c.name] = sp.row_wise()
             elif is_ec:  # EmbeddingCollection: table-wise, column-wise, row-wise, data-parallel
                 per_param[c.name] = (
                     sp.column_wise(ranks=local[: min(4, len(local))])
-                    if rows >= 20_000
+                    if rows >= 2_000
                     else sp.table_wise(rank=(7 * i) % world_size)
                 )
+            elif rows <= 600:
+                per_param[c.name] = sp.data_parallel()
             elif dim == 256 and hosts >= 2 and i % 2:  # two column blocks of 128: two hosts
                 per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts, (i + 1) % hosts])
             elif dim == 128 and i % 2:  # one column block: one host
                 per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts])
             elif dim >= 128:
                 per_param[c.name] = sp.column_wise(ranks=local[: dim // 32])
-            elif rows >= 20_000:
+            elif rows >= 2_000:
                 per_param[c.name] = sp.table_row_wise(host_index=(3 * i) % hosts)
-            elif rows >= 1_000:
-                per_param[c.name] = sp.table_wise(rank=(13 * i) % world_size)
             else:
-                per_param[c.name] = sp.data_parallel()
+                per_param[c.name] = sp.table_wise(rank=(13 * i) % world_size)
         plan[path] = sp.construct_module_sharding_plan(
             m,
             per_param,

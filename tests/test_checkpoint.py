@@ -76,12 +76,14 @@ def _build(types: dict[str, str], seed: int, spec_kwargs: dict[str, Any] | None 
     return model, {"optim": model.fused_optimizer, "dense": dense}
 
 
-def _train(model: Any, optimizers: dict[str, Any], seed: int) -> None:
+def _train(
+    model: Any, optimizers: dict[str, Any], seed: int, spec: dict[str, Any] | None = None
+) -> None:
     import torch.distributed as dist
 
     from fastinit.testing.models import ModelSpec, make_batch
 
-    batch = make_batch(ModelSpec(**SPEC), 16, seed=seed + dist.get_rank())
+    batch = make_batch(ModelSpec(**(spec or SPEC)), 16, seed=seed + dist.get_rank())
     loss, _ = model(batch)
     loss.backward()
     optimizers["dense"].step()
@@ -249,30 +251,36 @@ def test_round_trip_zero_collectives_replan_and_dcp_interop(tmp_path: Any) -> No
 # -- resharding: bit-equal to DCP's resharded load -------------------------------------------------
 
 
-def _save_rank(root: str, types: dict[str, str], seed: int, tag: str) -> None:
+def _save_rank(
+    root: str, types: dict[str, str], seed: int, tag: str, spec: dict[str, Any] | None = None
+) -> None:
     from fastinit import checkpoint
 
-    model, opts = _build(types, seed=seed)
-    _train(model, opts, seed=seed * 10)
+    model, opts = _build(types, seed=seed, spec_kwargs=spec)
+    _train(model, opts, seed=seed * 10, spec=spec)
     checkpoint.save(f"{root}/{tag}", model, opts).wait()
     _stock_save(f"{root}/{tag}-stock", model, opts)
 
 
 def _reshard_rank(
-    root: str, types: dict[str, str], tag: str, stock: str | None = None
+    root: str,
+    types: dict[str, str],
+    tag: str,
+    stock: str | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from fastinit import checkpoint, trace
 
     tracer = trace.active()
     assert tracer is not None
-    ours, ours_opts = _build(types, seed=21)
+    ours, ours_opts = _build(types, seed=21, spec_kwargs=spec)
     before = _local(ours, ours_opts)
     with tracer.window() as counts:
         report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
     from fastinit.checkpoint.loading import flat_target
 
     shards = checkpoint.overlaps(f"{root}/{tag}", flat_target(ours, ours_opts))
-    theirs, theirs_opts = _build(types, seed=22)
+    theirs, theirs_opts = _build(types, seed=22, spec_kwargs=spec)
     _stock_load(f"{root}/{stock or tag + '-stock'}", theirs, theirs_opts)
     return {
         "mode": report.mode,
@@ -309,6 +317,90 @@ def test_reshard_2_to_4_matches_dcp(tmp_path: Any) -> None:
     for out in results:
         assert out["mode"] == "resharded"
         assert out["diff"] == [], out["diff"]
+
+
+# 8 ranks: every sharding type on each of the three modules (EBC, weighted EBC, EC), re-planned.
+SPEC_8 = {**SPEC, "num_tables": 6, "num_weighted_tables": 6, "num_ec_tables": 4, "rows": 48}
+PLAN_4 = {
+    "t0": "table_wise",
+    "t1": "row_wise",
+    "t2": "column_wise",
+    "t3": "table_row_wise",
+    "t4": "grid_shard",
+    "t5": "data_parallel",
+    "w0": "row_wise",
+    "w1": "column_wise",
+    "w2": "table_row_wise",
+    "w3": "grid_shard",
+    "w4": "data_parallel",
+    "w5": "table_wise",
+    "e0": "table_wise",
+    "e1": "row_wise",
+    "e2": "column_wise",
+    "e3": "data_parallel",
+}
+PLAN_8 = {
+    "t0": "row_wise",
+    "t1": "table_wise",
+    "t2": "column_wise",
+    "t3": "grid_shard",
+    "t4": "table_row_wise",
+    "t5": "data_parallel",
+    "w0": "table_wise",
+    "w1": "column_wise",
+    "w2": "grid_shard",
+    "w3": "table_row_wise",
+    "w4": "data_parallel",
+    "w5": "row_wise",
+    "e0": "row_wise",
+    "e1": "table_wise",
+    "e2": "column_wise",
+    "e3": "data_parallel",
+}
+
+
+def _reshard_then_save_rank(root: str) -> dict[str, Any]:
+    out = _reshard_rank(root, PLAN_8, "c4", spec=SPEC_8)
+    _save_rank(root, PLAN_8, 6, "d8", spec=SPEC_8)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_reshard_4_to_8_and_8_to_4_every_type_matches_dcp(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    run_ranks(
+        _save_rank,
+        4,
+        args=(root, PLAN_4, 5, "c4", SPEC_8),
+        local_world_size=2,
+        timeout=900,
+        pg_timeout=600,
+    )
+    up = run_ranks(
+        _reshard_then_save_rank,
+        8,
+        args=(root,),
+        local_world_size=2,
+        trace=True,
+        timeout=1200,
+        pg_timeout=600,
+    )
+    down = run_ranks(
+        _reshard_rank,
+        4,
+        args=(root, PLAN_4, "d8", None, SPEC_8),
+        local_world_size=2,
+        trace=True,
+        timeout=900,
+        pg_timeout=600,
+    )
+    for out in up + down:
+        assert out["mode"] == "resharded"
+        assert out["c10d"] == 0
+        assert out["diff"] == [], out["diff"]
+        assert out["changed"]
+        assert out["overlap_ranks"] == out["sources"], out
 
 
 # -- bad input -------------------------------------------------------------------------------------
@@ -378,6 +470,17 @@ def _bad_inputs_rank(root: str) -> dict[str, Any]:
     dist.barrier()
     out["missing"] = fresh_load(missing)
     out["truncated"] = fresh_load(truncated)
+
+    # A truncated .metadata of rank 1 (the file a same-plan load reads first).
+    badmeta = copy("badmeta")
+    if rank == 0:
+        from fastinit.checkpoint import _dcp
+
+        md = os.path.join(checkpoint.rank_dir(badmeta, 1), _dcp.metadata_file())
+        with open(md, "r+b") as f:
+            f.truncate(os.path.getsize(md) // 2)
+    dist.barrier()
+    out["badmeta"] = fresh_load(badmeta)
 
     # An index whose plan does not fit the files: shard offsets moved, marker re-signed.
     lying = copy("lying")
@@ -459,8 +562,10 @@ def test_bad_inputs_fail_clearly_on_every_rank(tmp_path: Any) -> None:
         if rank == 1:
             assert "CheckpointError" in out["missing"] and "missing" in out["missing"]
             assert "truncated" in out["truncated"], out["truncated"]
+            assert "CheckpointError" in out["badmeta"] and ".metadata" in out["badmeta"]
+            assert "rank_00001" in out["badmeta"], out["badmeta"]
         else:
-            assert out["missing"] == out["truncated"] == "no error"
+            assert out["missing"] == out["truncated"] == out["badmeta"] == "no error"
         assert "does not fit the files" in out["lying"], out["lying"]
         assert "CheckpointError" in out["full_disk"] and "nothing was committed" in out["full_disk"]
         assert not out["full_committed"]

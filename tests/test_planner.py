@@ -400,7 +400,7 @@ def test_stopped_partitions_and_alike_proposals_keep_the_stock_plan(name: str) -
 def test_batched_partitions_keep_the_stock_plan(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Proposals partitioned together (``_Search.evaluate_batch``) give the stock plan."""
     monkeypatch.setattr(FastPlanner, "_batch_min", 1)
-    monkeypatch.setattr(FastPlanner, "_batch_size", 5)
+    monkeypatch.setattr(FastPlanner, "_batch_max", 5)
     case = next(c for c in CASES if c.name == name)
     fast, stock, planner = run_both(case)
     assert isinstance(fast, ShardingPlan) and isinstance(stock, ShardingPlan)
@@ -423,9 +423,14 @@ def test_batched_partitions_keep_the_stock_plan(monkeypatch: pytest.MonkeyPatch,
         "every-cpu-sharding-type",
     ],
 )
-def test_batched_partition_equals_one_by_one(name: str) -> None:
+@pytest.mark.parametrize("host_block", [32, 3])
+def test_batched_partition_equals_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, name: str, host_block: int
+) -> None:
     """``evaluate_batch`` gives every proposal of both greedy proposers the ranks and rating that
-    ``evaluate`` gives it, bit for bit, or hands it back (``_SCALAR``)."""
+    ``evaluate`` gives it, bit for bit, or hands it back (``_SCALAR``); hosts searched in one
+    block or in blocks of 3 (the last one padded)."""
+    monkeypatch.setattr(fast_planner_module._Search, "host_block", host_block)
     case = next(c for c in CASES if c.name == name)
     planner = FastPlanner(topology=case.topology(), **case.planner_kwargs())
     opts, lists, search = _search_parts(planner, case.module(), case.world_size)

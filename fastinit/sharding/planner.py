@@ -629,6 +629,9 @@ class _Search:
     stock order, so every comparison sees the stock floats.
     """
 
+    #: hosts per block in ``evaluate_batch``'s search for the least loaded host
+    host_block = 32
+
     def __init__(
         self,
         opts: list[_Opt],
@@ -976,54 +979,75 @@ class _Search:
         items.sort(key=key, reverse=True)
 
         # per-device state, flat (proposal m, device j at m * n_dev + j): remaining storage
-        # (hbm, ddr, ssd) and the perf components in ``pf_d`` order, and ``Perf.total``
-        # storage kinds no merged option needs cannot bind (the base is >= 0): not tracked
+        # (the kinds some merged option needs; the others cannot bind, the base being >= 0), the
+        # perf components in ``pf_d`` order (a row of 5 per device), and ``Perf.total``
         rows = [
             r
             for r in range(3)
             if any(opts[i].total_storage[r] or any(t[r] for t in opts[i].st) for _, i, _ in items)
         ]
-        st = np.repeat(np.stack(bst)[rows], n_dev, axis=1)
-        pf = np.repeat(np.stack(bpf), n_dev, axis=1)
+        n_rows = len(rows)
+        st = np.repeat(np.stack(bst)[rows].T, n_dev, axis=0)
+        pf = np.repeat(np.stack(bpf).T, n_dev, axis=0)
         # State.apply / the uniform path: fwd_compute + bwd_compute + fwd_comms + bwd_comms + ...
-        tot = (((pf[0] + pf[2]) + pf[1]) + pf[3]) + pf[4]
+        tot = (((pf[:, 0] + pf[:, 2]) + pf[:, 1]) + pf[:, 3]) + pf[:, 4]
         # per-host remaining storage (m * n_hosts + host) and summed load (``_Hosts._refresh``)
-        hst = np.repeat(np.stack(bst)[rows] * lsz, n_hosts, axis=1)
+        hst = np.repeat(np.stack(bst)[rows].T * lsz, n_hosts, axis=0)
         col0 = np.zeros(n_b, dtype=np.float64)
         for _ in range(lsz):  # a loop from 0 over the host's devices
             col0 = col0 + tot[::n_dev]
-        hsum = np.repeat(col0, n_hosts).reshape(n_b, n_hosts)
-        hsum_flat = hsum.reshape(-1)
+        hsum_flat = np.repeat(col0, n_hosts)
+        # the least loaded host, first in (summed load, host index) order, through blocks of
+        # hosts: per block its least value and (first) host; the first block with the least value
+        blk = min(self.host_block, n_hosts)
+        n_blk = -(-n_hosts // blk)
+        pad = n_blk * blk - n_hosts
+        hs_pad = np.concatenate(
+            [hsum_flat.reshape(n_b, n_hosts), np.full((n_b, pad), np.inf)], axis=1
+        ).reshape(-1)
+        blk_min = np.repeat(col0, n_blk).reshape(n_b, n_blk)
+        blk_arg = np.tile(np.arange(n_blk, dtype=np.intp) * blk, (n_b, 1))
+        blk_local = np.arange(blk)
         local = np.arange(lsz)
         perm = self.dev_perm
         rec: list[tuple[int, int, int, np.ndarray, np.ndarray]] = []
         killed = 0
 
         def place(f: int, i: int, s: int, idx: np.ndarray, j: np.ndarray) -> np.ndarray | None:
-            """Shard ``s`` of ``o`` on device ``j[m]`` of proposal ``idx[m]``, where it fits;
-            returns the mask of those placed (the others leave the batch), None: all placed."""
+            """Shard ``s`` of option ``i`` on device ``j[m]`` of proposal ``idx[m]`` where it
+            fits; returns the mask of those placed (the others leave the batch), None: all."""
             nonlocal killed
             fi = idx * n_dev + j
             ok = None
-            if rows:
+            if n_rows:
                 need = o_st[i][s]
-                fits = (st[:, fi] >= need).all(axis=0)
+                fits = (st[fi] >= need).all(axis=1)
                 if not fits.all():
                     ok = fits
                     alive[idx[~ok]] = False
                     killed += 1
                     idx, j, fi = idx[ok], j[ok], fi[ok]
-                st[:, fi] -= need
-                hst[:, idx * n_hosts + j // lsz] -= need
-            g = pf[:, fi] + o_pf[i][s]
-            pf[:, fi] = g
-            tot[fi] = (((g[0] + g[2]) + g[1]) + g[3]) + g[4]
+                st[fi] -= need
+                hst[idx * n_hosts + j // lsz] -= need
+            g = pf[fi] + o_pf[i][s]
+            pf[fi] = g
+            tot[fi] = (((g[:, 0] + g[:, 2]) + g[:, 1]) + g[:, 3]) + g[:, 4]
             rec.append((f, i, s, idx, j))
             return ok
 
         def refresh(idx: np.ndarray, host: np.ndarray) -> None:
             devs = tot[(idx * n_dev + host * lsz)[:, None] + local]
-            hsum_flat[idx * n_hosts + host] = np.add.accumulate(devs, axis=1)[:, -1]
+            hs_pad[idx * (n_blk * blk) + host] = np.add.accumulate(devs, axis=1)[:, -1]
+            b = host // blk
+            vals = hs_pad[(idx * (n_blk * blk) + b * blk)[:, None] + blk_local]
+            arg = vals.argmin(axis=1)
+            blk_arg[idx, b] = b * blk + arg
+            blk_min[idx, b] = vals[np.arange(len(idx)), arg]
+
+        def least_host(idx: np.ndarray) -> np.ndarray:
+            mins = blk_min if idx is every else blk_min[idx]
+            b = mins.argmin(axis=1)
+            return blk_arg[idx, b]
 
         o_st: dict[int, np.ndarray] = {}
         o_pf: dict[int, np.ndarray] = {}
@@ -1035,13 +1059,13 @@ class _Search:
             idx = mem
             o = opts[i]
             if i not in o_st:
-                o_st[i] = np.array(o.st, dtype=np.int64)[:, rows].reshape(o.n, len(rows), 1)
-                o_pf[i] = np.array(o.pf, dtype=np.float64).reshape(o.n, 5, 1)
+                o_st[i] = np.array(o.st, dtype=np.int64)[:, rows].reshape(o.n, n_rows)
+                o_pf[i] = np.array(o.pf, dtype=np.float64).reshape(o.n, 5)
             if o.kind == _HOST:
-                host = (hsum if idx is every else hsum[idx]).argmin(axis=1)
-                if rows:
-                    need = np.array(o.total_storage, dtype=np.int64)[rows].reshape(len(rows), 1)
-                    fits = (hst[:, idx * n_hosts + host] >= need).all(axis=0)
+                host = least_host(idx)
+                if n_rows:
+                    need = np.array(o.total_storage, dtype=np.int64)[rows]
+                    fits = (hst[idx * n_hosts + host] >= need).all(axis=1)
                     if not fits.all():
                         alive[idx[~fits]] = False
                         killed += 1
@@ -1495,9 +1519,9 @@ class FastPlanner(EmbeddingShardingPlanner):
         self._num_batched = 0
 
     #: the offline search partitions proposals together (``_Search.evaluate_batch``) when at least
-    #: ``_batch_min`` of them have a bound below the best rating found, up to ``_batch_size``
+    #: ``_batch_min`` of them have a bound below the best rating found, up to ``_batch_max``
     _batch_min = 8
-    _batch_size = 128
+    _batch_max = 512
 
     if hasattr(EmbeddingShardingPlanner, "get_search_space"):  # torchrec 1.9
 
@@ -1730,8 +1754,8 @@ class FastPlanner(EmbeddingShardingPlanner):
                 q = p
                 while (
                     q < len(order)
-                    and len(batch) < self._batch_size
-                    and q - p < 4 * self._batch_size
+                    and len(batch) < self._batch_max
+                    and q - p < 4 * self._batch_max
                     and lbs[order[q]] * (1 - _PRUNE_SLACK) <= best_rating
                 ):
                     if not handled[q]:

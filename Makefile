@@ -67,7 +67,8 @@ lint: $(STAMP)
 test: $(if $(filter 1.8,$(STACK)),lint,$(STAMP))
 	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(TESTS) $(PYTEST_ARGS)
 
-# Time to first batch: stock, stock-best, fastinit and the floor, 3 scenarios, repeated:
+# Time to first batch: stock, stock-best, fastinit and the floor, scenarios cold, new-hosts,
+# same-hosts and recover (a rank killed and resumed: time to recover, stock-best vs fastinit), repeated:
 # bench-out/{summary.json,report.md,timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4".
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench $(BENCH_ARGS)

@@ -1,15 +1,18 @@
 """``fastinit publish``: a checkpoint saved by 4 gloo ranks (a plan mixing sharding types, one
 training step of the fused and dense optimizers) loaded into the unsharded model on a world of
 one, written (safetensors or torch.save, torch.export of the dense part) and verified against the
-batch and output rank 0 recorded at save time, with the checkpoint read-only."""
+batch and output rank 0 recorded at save time, with the checkpoint read-only, while a 2-rank
+training job keeps training and saving in its own processes."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import pathlib
 import stat
 import textwrap
+import time
 from typing import Any
 
 import pytest
@@ -83,14 +86,49 @@ def _save_rank(ckpt_dir: str) -> bool:
     return True
 
 
+def _train_on_rank(root: str, stop_file: str) -> int:
+    """A training job that keeps going: a step and a checkpoint ``root/job-step-<k>`` per
+    iteration until ``stop_file`` exists (rank 0 decides, every rank follows)."""
+    import torch
+    import torch.distributed as dist
+
+    import fastinit
+    from fastinit.testing.models import ModelSpec, build_model, build_plan, make_batch
+    from fastinit.warmup import save_checkpoint
+
+    rank = dist.get_rank()
+    spec = ModelSpec(**SPEC)
+    module = build_model(spec, device="meta")
+    plan = build_plan(module, "table_wise", dist.get_world_size())
+    model = fastinit.setup(module, plan=plan, seed=0)
+    step = 0
+    while True:
+        step += 1
+        loss, _ = model(make_batch(spec, 16, seed=1000 * step + rank))
+        loss.backward()
+        save_checkpoint(os.path.join(root, f"job-step-{step}"), model)
+        if rank == 0 and step == 1:
+            pathlib.Path(root, "job-running").touch()
+        stop = torch.tensor([int(rank == 0 and os.path.exists(stop_file))])
+        dist.broadcast(stop, src=0)
+        if stop.item():
+            return step
+
+
+def _training_job(root: str, stop_file: str) -> None:
+    """The job, in its own process and process group (2 gloo ranks)."""
+    steps = run_ranks(_train_on_rank, 2, args=(root, stop_file), timeout=900)
+    pathlib.Path(root, "job-done").write_text(json.dumps(steps))
+
+
 def _read_only(root: pathlib.Path) -> None:
     for path in [root, *root.rglob("*")]:
         mode = path.stat().st_mode
         path.chmod(mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
 
 
-@pytest.mark.slow  # 4 spawned ranks: about a minute on a quiet machine, minutes on a busy one
-@pytest.mark.timeout(600)
+@pytest.mark.slow  # 4 + 2 spawned ranks: minutes
+@pytest.mark.timeout(900)
 def test_publish_a_4_rank_checkpoint_on_a_world_of_one(tmp_path: pathlib.Path) -> None:
     from fastinit import cli
     from fastinit.checkpoint.publishing import VERIFY_FILE
@@ -100,15 +138,37 @@ def test_publish_a_4_rank_checkpoint_on_a_world_of_one(tmp_path: pathlib.Path) -
     assert (ckpt / VERIFY_FILE).exists()
     factory = tmp_path / "my_model.py"
     factory.write_text(FACTORY)
-    _read_only(ckpt.parent)  # training may go on: publish only reads
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
-    out = tmp_path / "serving"
+    # A training job keeps going (its own processes and process group, saving a checkpoint
+    # every step beside this one) while publish reads the committed checkpoint.
+    job_root = tmp_path / "job"
+    job_root.mkdir()
+    stop_file = job_root / "stop"
+    job = multiprocessing.get_context("spawn").Process(
+        target=_training_job, args=(str(job_root), str(stop_file))
+    )
+    job.start()
     try:
-        argv = ["publish", str(ckpt), "--out", str(out), "--model", f"{factory}:build"]
-        assert cli.main([*argv, "--json"]) == 0
+        deadline = time.monotonic() + 500
+        while not (job_root / "job-running").exists():
+            assert job.is_alive() and time.monotonic() < deadline, "the training job did not start"
+            time.sleep(0.5)
+        _read_only(ckpt)  # publish only reads
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
+        out = tmp_path / "serving"
+        try:
+            argv = ["publish", str(ckpt), "--out", str(out), "--model", f"{factory}:build"]
+            assert cli.main([*argv, "--json"]) == 0
+        finally:
+            for path in [ckpt, *ckpt.rglob("*")]:
+                path.chmod(path.stat().st_mode | stat.S_IWUSR)
+        assert job.is_alive(), "the training job stopped while publish ran"
     finally:
-        for path in [ckpt.parent, *ckpt.parent.rglob("*")]:
-            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+        stop_file.touch()
+        job.join(300)
+        if job.is_alive():
+            job.kill()
+    assert job.exitcode == 0 and (job_root / "job-done").exists(), job.exitcode
+    assert len(json.loads((job_root / "job-done").read_text())) == 2
     assert sorted((p.name, p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before
     with open(out / "publish.json") as f:
         report = json.load(f)

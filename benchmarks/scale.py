@@ -43,7 +43,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,17 +139,20 @@ def reference_model() -> Any:
     return build_model(spec, device="meta")
 
 
-def reference_plan(module: Any, world_size: int, local_world_size: int) -> Any:
-    """Issue 23's explicit plan, through TorchRec's ``construct_module_sharding_plan``: row-wise,
-    table-row-wise on one host, grid over one host, column-wise over 4 ranks, table-wise and
-    data-parallel, cycled over the tables (the EmbeddingCollection: its four types)."""
+def explicit_plan(
+    module: Any,
+    world_size: int,
+    local_world_size: int,
+    choose: Callable[[Any, int, bool], Any],
+) -> Any:
+    """An explicit plan through TorchRec's ``construct_module_sharding_plan``: for each
+    EmbeddingBagCollection / EmbeddingCollection of ``module``, ``choose(config, index, is_ec)``
+    gives each table's ``sharding_plan`` generator (``index`` counts the tables over all the
+    modules); every sharded table gets the fused kernel."""
     from torchrec.distributed import sharding_plan as sp
     from torchrec.distributed.types import ShardingPlan
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    hosts = max(1, world_size // local_world_size)
-    kinds = ("row_wise", "table_row_wise", "grid_shard", "column_wise", "table_wise")
-    kinds += ("data_parallel",)
     index = 0
     plan: dict[str, Any] = {}
     for path, m in module.named_modules():
@@ -159,22 +162,8 @@ def reference_plan(module: Any, world_size: int, local_world_size: int) -> Any:
         configs = m.embedding_configs() if is_ec else m.embedding_bag_configs()
         per_param: dict[str, Any] = {}
         for c in configs:
-            usable = [k for k in kinds if not is_ec or k in EC_TYPES]
-            kind = usable[index % len(usable)]
-            i, index = index, index + 1
-            if kind == "row_wise":
-                per_param[c.name] = sp.row_wise(compute_kernel="fused")
-            elif kind == "table_row_wise":
-                per_param[c.name] = sp.table_row_wise(host_index=i % hosts)
-            elif kind == "grid_shard":
-                per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts])
-            elif kind == "column_wise":
-                ranks = [(i + k) % world_size for k in range(min(4, world_size))]
-                per_param[c.name] = sp.column_wise(ranks=ranks, compute_kernel="fused")
-            elif kind == "table_wise":
-                per_param[c.name] = sp.table_wise(rank=i % world_size, compute_kernel="fused")
-            else:
-                per_param[c.name] = sp.data_parallel()
+            per_param[c.name] = choose(c, index, is_ec)
+            index += 1
         plan[path] = sp.construct_module_sharding_plan(
             m,
             per_param,
@@ -186,6 +175,35 @@ def reference_plan(module: Any, world_size: int, local_world_size: int) -> Any:
             if ps.sharding_type != "data_parallel":
                 ps.compute_kernel = "fused"
     return ShardingPlan(plan)
+
+
+def reference_plan(module: Any, world_size: int, local_world_size: int) -> Any:
+    """Issue 23's explicit plan, through TorchRec's ``construct_module_sharding_plan``: row-wise,
+    table-row-wise on one host, grid over one host, column-wise over 4 ranks, table-wise and
+    data-parallel, cycled over the tables (the EmbeddingCollection: its four types)."""
+    from torchrec.distributed import sharding_plan as sp
+
+    hosts = max(1, world_size // local_world_size)
+    kinds = ("row_wise", "table_row_wise", "grid_shard", "column_wise", "table_wise")
+    kinds += ("data_parallel",)
+
+    def choose(c: Any, i: int, is_ec: bool) -> Any:
+        usable = [k for k in kinds if not is_ec or k in EC_TYPES]
+        kind = usable[i % len(usable)]
+        if kind == "row_wise":
+            return sp.row_wise(compute_kernel="fused")
+        if kind == "table_row_wise":
+            return sp.table_row_wise(host_index=i % hosts)
+        if kind == "grid_shard":
+            return sp.grid_shard(host_indexes=[i % hosts])
+        if kind == "column_wise":
+            ranks = [(i + k) % world_size for k in range(min(4, world_size))]
+            return sp.column_wise(ranks=ranks, compute_kernel="fused")
+        if kind == "table_wise":
+            return sp.table_wise(rank=i % world_size, compute_kernel="fused")
+        return sp.data_parallel()
+
+    return explicit_plan(module, world_size, local_world_size, choose)
 
 
 #: The sharding types TorchRec's EmbeddingCollection supports.

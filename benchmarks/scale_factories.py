@@ -73,50 +73,32 @@ def user_plan(module: Any, world_size: int, local_world_size: int) -> Any:
     """The explicit plan of :func:`user_model` on ``world_size`` ranks, ``local_world_size`` per
     host, through TorchRec's ``construct_module_sharding_plan``."""
     from torchrec.distributed import sharding_plan as sp
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    from benchmarks.scale import explicit_plan
 
     hosts = max(1, world_size // local_world_size)
-    plan: dict[str, Any] = {}
-    index = 0
-    for path, m in module.named_modules():
-        if not isinstance(m, EmbeddingBagCollection | EmbeddingCollection):
-            continue
-        is_ec = isinstance(m, EmbeddingCollection)
-        configs = m.embedding_configs() if is_ec else m.embedding_bag_configs()
-        per_param: dict[str, Any] = {}
-        for c in configs:
-            i, index = index, index + 1
-            rows, dim = c.num_embeddings, c.embedding_dim
-            local = list(range((i % hosts) * local_world_size, (i % hosts + 1) * local_world_size))
-            if rows >= 10_000:
-                per_param[c.name] = sp.row_wise()
-            elif is_ec:  # EmbeddingCollection: table-wise, column-wise, row-wise, data-parallel
-                per_param[c.name] = (
-                    sp.column_wise(ranks=local[: min(4, len(local))])
-                    if rows >= 2_000
-                    else sp.table_wise(rank=(7 * i) % world_size)
-                )
-            elif rows <= 600:
-                per_param[c.name] = sp.data_parallel()
-            elif dim == 256 and hosts >= 2 and i % 2:  # two column blocks of 128: two hosts
-                per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts, (i + 1) % hosts])
-            elif dim == 128 and i % 2:  # one column block: one host
-                per_param[c.name] = sp.grid_shard(host_indexes=[i % hosts])
-            elif dim >= 128:
-                per_param[c.name] = sp.column_wise(ranks=local[: dim // 32])
-            elif rows >= 2_000:
-                per_param[c.name] = sp.table_row_wise(host_index=(3 * i) % hosts)
-            else:
-                per_param[c.name] = sp.table_wise(rank=(13 * i) % world_size)
-        plan[path] = sp.construct_module_sharding_plan(
-            m,
-            per_param,
-            local_size=local_world_size,
-            world_size=world_size,
-            device_type="cpu",
-        )
-        for ps in plan[path].values():
-            if ps.sharding_type != "data_parallel":
-                ps.compute_kernel = "fused"
-    return ShardingPlan(plan)
+
+    def choose(c: Any, i: int, is_ec: bool) -> Any:
+        rows, dim = c.num_embeddings, c.embedding_dim
+        local = list(range((i % hosts) * local_world_size, (i % hosts + 1) * local_world_size))
+        if rows >= 10_000:
+            return sp.row_wise()
+        if is_ec:  # EmbeddingCollection: table-wise, column-wise, row-wise, data-parallel
+            return (
+                sp.column_wise(ranks=local[: min(4, len(local))])
+                if rows >= 2_000
+                else sp.table_wise(rank=(7 * i) % world_size)
+            )
+        if rows <= 600:
+            return sp.data_parallel()
+        if dim == 256 and hosts >= 2 and i % 2:  # two column blocks of 128: two hosts
+            return sp.grid_shard(host_indexes=[i % hosts, (i + 1) % hosts])
+        if dim == 128 and i % 2:  # one column block: one host
+            return sp.grid_shard(host_indexes=[i % hosts])
+        if dim >= 128:
+            return sp.column_wise(ranks=local[: dim // 32])
+        if rows >= 2_000:
+            return sp.table_row_wise(host_index=(3 * i) % hosts)
+        return sp.table_wise(rank=(13 * i) % world_size)
+
+    return explicit_plan(module, world_size, local_world_size, choose)

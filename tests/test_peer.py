@@ -89,3 +89,27 @@ def test_the_runner_refuses_a_tree_without_the_suite(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--torchrec-src", str(tmp_path), "--out", str(tmp_path / "out")])
     assert info.value.code == 2
+
+
+def test_the_patched_run_must_pass_what_stock_passes() -> None:
+    ok = Outcome("T::test_ok", "passed", "")
+    stock = SuiteResult("stock", [ok, Outcome("T::test_b", "passed", "")], 1.0, 0, "src")
+    patched = SuiteResult("patched", [ok, Outcome("T::test_b", "skipped", "")], 1.0, 0, "p")
+    assert verdict({"stock": stock, "patched": patched}) == ["1 test(s) pass stock but not patched"]
+    broken = SuiteResult("patched", [ok, Outcome("T::test_b", "error", "x")], 1.0, 1, "p")
+    assert verdict({"patched": broken}) == ["patched: 1 passed, 1 error"]
+    assert verdict({"patched": SuiteResult("patched", [], 1.0, 1, "p")}) == [
+        "the patched run produced no results (see patched.log)"
+    ]
+    fine = SuiteResult("patched", [ok, Outcome("T::test_b", "passed", "")], 1.0, 0, "p")
+    assert verdict({"stock": stock, "patched": fine}) == []
+
+
+def test_the_runner_refuses_an_unknown_mode(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    suite = tmp_path / "torchrec" / "distributed" / "tests" / "test_model_parallel_gloo.py"
+    suite.parent.mkdir(parents=True)
+    suite.write_text("")
+    with pytest.raises(SystemExit) as info:
+        main(["--torchrec-src", str(tmp_path), "--mode", "stock,patchd"])
+    assert info.value.code == 2
+    assert "patchd" in capsys.readouterr().err

@@ -28,10 +28,18 @@ In the swapped run, a ``sitecustomize`` in a temporary directory on ``PYTHONPATH
 test utilities is replaced, in that process only, by a stand-in that calls ``fastinit.setup``
 with the same arguments. The tree is not edited.
 
-Writes ``<out>/{stock,swap}.xml`` (JUnit), ``<out>/{stock,swap}.log``, ``<out>/swap-calls.jsonl``
+``--mode patched`` runs the suite stock on TorchRec with fastinit's upstream patch series
+(``patches/torchrec/v<release>``, :mod:`patches.apply`) applied to a copy: of the tree's
+``torchrec`` package (``--torchrec-from source``; the release is the tree's ``version.txt``) or of
+the installed package (``installed``), first on ``PYTHONPATH``. Neither the tree nor the
+installed TorchRec is edited. ``--mode`` takes one mode or several, comma-separated
+(``stock,patched``); ``both`` is ``stock,swap``.
+
+Writes ``<out>/<mode>.xml`` (JUnit), ``<out>/<mode>.log``, ``<out>/swap-calls.jsonl``
 (one line per ``fastinit.setup`` call made through the swap) and ``<out>/summary.md``; prints the
 summary. Exits 0 when the swapped run has no failure or error, made at least one ``setup`` call,
-and (``--mode both``) passes every test stock passes; 1 otherwise; 2 on bad arguments.
+the patched run has no failure or error, and each passes every test stock passes when stock ran
+too; 1 otherwise; 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 __all__ = ["DEFAULT_TESTS", "Outcome", "SuiteResult", "main", "run_suite"]
+
+#: The ways the suite runs: TorchRec as it is, with fastinit.setup swapped in, with the patches.
+MODES = ("stock", "swap", "patched")
 
 #: The suite run by default, relative to the tree's root.
 DEFAULT_TESTS = ("torchrec/distributed/tests/test_model_parallel_gloo.py",)
@@ -102,7 +113,7 @@ class SuiteResult:
     """One run of the suite."""
 
     mode: str
-    """"stock" or "swap"."""
+    """"stock", "swap" or "patched" (stock on TorchRec with the patch series)."""
     outcomes: list[Outcome]
     seconds: float
     returncode: int
@@ -174,7 +185,7 @@ def run_suite(
 
     Args:
         src: the TorchRec source tree.
-        mode: "stock" or "swap".
+        mode: "stock", "swap" or "patched" (stock, on a copy of TorchRec with the series).
         out_dir: where the JUnit file, the log and the swap's call log go.
         tests: test files, relative to ``src``.
         keyword: a pytest ``-k`` expression.
@@ -202,6 +213,12 @@ def run_suite(
             hook.mkdir()
             (hook / "sitecustomize.py").write_text("\n".join(parts), encoding="utf-8")
             extra = [str(hook)] + ([str(REPO_ROOT)] if mode == "swap" else [])
+        if mode == "patched":
+            patched = _patched_torchrec(src, Path(tmp) / "patched", torchrec_from)
+            if torchrec_from == "source":
+                src = patched  # the tree's copy, its torchrec patched: run the tests from there
+            else:
+                extra.insert(0, str(patched))
         env = _environment(extra)
         if torchrec_from == "source":
             cwd, paths, mode_args = src, list(tests), ["--import-mode=prepend"]
@@ -252,6 +269,25 @@ def run_suite(
     return result
 
 
+def _patched_torchrec(src: Path, dest: Path, torchrec_from: str) -> Path:
+    """A copy of TorchRec with fastinit's patch series for its release applied (patches/apply.py).
+
+    ``source``: ``dest`` is a copy of the tree's ``torchrec`` package and of each test file,
+    patched (the release is the tree's ``version.txt``), to run from as the tree. ``installed``:
+    ``dest`` holds the installed package, patched, to put first on ``PYTHONPATH``.
+    """
+    sys.path.insert(0, str(REPO_ROOT))
+    from patches import apply
+
+    if torchrec_from == "installed":
+        apply.apply(dest)
+        return dest
+    version_txt = src / "version.txt"
+    version = version_txt.read_text().strip() if version_txt.is_file() else None
+    apply.apply(dest, source=src / "torchrec", version=version)
+    return dest
+
+
 def _fastinit_revision() -> str:
     try:
         proc = subprocess.run(
@@ -299,12 +335,14 @@ def _summary(results: dict[str, SuiteResult], src: Path) -> str:
     if swap is not None and swap.setup_failures:
         lines += ["", "fastinit.setup raised (distinct errors):"]
         lines += [f"- {e}" for e in swap.setup_failures]
-    if stock is not None and swap is not None:
+    for other, label in (("swap", "swapped"), ("patched", "patched")):
+        if stock is None or other not in by:
+            continue
         lost = [o.test for o in stock.outcomes if o.outcome == "passed"]
-        lost = [t for t in lost if by["swap"].get(t) is None or by["swap"][t].outcome != "passed"]
+        lost = [t for t in lost if by[other].get(t) is None or by[other][t].outcome != "passed"]
         lines += [
             "",
-            f"Passing stock but not swapped: {len(lost)}"
+            f"Passing stock but not {label}: {len(lost)}"
             + (f" ({', '.join(lost)})" if lost else ""),
         ]
     return "\n".join(lines) + "\n"
@@ -321,9 +359,20 @@ def verdict(results: dict[str, SuiteResult]) -> list[str]:
             problems.append(f"swapped: {swap.counts()}")
         if swap.outcomes and swap.setup_calls == 0:
             problems.append("the swap made no fastinit.setup call: it did not take effect")
+    patched = results.get("patched")
+    if patched is not None:
+        if not patched.outcomes:
+            problems.append("the patched run produced no results (see patched.log)")
+        if patched.count("failed") or patched.count("error"):
+            problems.append(f"patched: {patched.counts()}")
     stock = results.get("stock")
     if stock is not None and not stock.outcomes:
         problems.append("the stock run produced no results (see stock.log)")
+    if stock is not None and patched is not None:
+        passed = {o.test for o in patched.outcomes if o.outcome == "passed"}
+        lost = [o.test for o in stock.outcomes if o.outcome == "passed" and o.test not in passed]
+        if lost:
+            problems.append(f"{len(lost)} test(s) pass stock but not patched")
     if stock is not None and swap is not None:
         passed = {o.test for o in swap.outcomes if o.outcome == "passed"}
         lost = [o.test for o in stock.outcomes if o.outcome == "passed" and o.test not in passed]
@@ -340,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--torchrec-src", default=None, help="TorchRec source tree (default: FASTINIT_TORCHREC_SRC)"
     )
-    parser.add_argument("--mode", choices=("both", "swap", "stock"), default="both")
+    parser.add_argument(
+        "--mode",
+        default="both",
+        help="stock, swap, patched, or several comma-separated (default both: stock,swap)",
+    )
     parser.add_argument("--out", default="peer-out", help="output directory (default peer-out)")
     parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per test (default 900)")
@@ -363,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"{src} is not a TorchRec source tree: no {', '.join(missing)}")
     out_dir = Path(args.out).resolve()
-    modes = ("stock", "swap") if args.mode == "both" else (args.mode,)
+    modes = tuple(dict.fromkeys(("stock,swap" if args.mode == "both" else args.mode).split(",")))
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: use {', '.join(MODES)} or both")
     results: dict[str, SuiteResult] = {}
     for mode in modes:
         print(f"peer: running the suite ({mode}) ...", flush=True)

@@ -333,7 +333,7 @@ def _mixed_plan(module: Any, n: int, local: int) -> Any:
 def plan_sizes(model: str, n: int) -> dict[str, int]:
     """Bytes of the mixed plan for ``n`` ranks: pickled (stock) and fastinit's encoding."""
     from benchmarks.trainer import model_spec
-    from fastinit.sharding.codec import encode_plan
+    from fastinit.plan.codec import encode_plan
     from fastinit.testing.models import build_model
 
     module = build_model(model_spec(model), device="meta")

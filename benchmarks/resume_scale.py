@@ -139,7 +139,7 @@ def _module(config: ResumeScaleConfig) -> Any:
 def write_plan(config_json: dict[str, Any], n: int, path: str) -> dict[str, Any]:
     """The plan for ``n`` ranks, encoded with fastinit's codec into ``path`` (every step decodes
     it, as a receiving rank would)."""
-    from fastinit.sharding.codec import encode_plan
+    from fastinit.plan.codec import encode_plan
 
     config = _config(config_json)
     module = _module(config)
@@ -172,7 +172,7 @@ def prepare(config_json: dict[str, Any], worlds: Sequence[int], paths: Sequence[
 
 
 def _read_plan(path: str) -> Any:
-    from fastinit.sharding.codec import decode_plan
+    from fastinit.plan.codec import decode_plan
 
     with open(path, "rb") as f:
         return decode_plan(f.read())

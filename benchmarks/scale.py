@@ -242,7 +242,7 @@ def write_plan(
     plan_factory: str | None = None,
 ) -> int:
     """Encode the plan for ``n`` ranks into ``path`` (what the planning rank sends)."""
-    from fastinit.sharding.codec import encode_plan
+    from fastinit.plan.codec import encode_plan
 
     module = _model(model, ebc_only, model_factory)
     data = encode_plan(_plan(module, plan, n, local, plan_factory))
@@ -280,7 +280,7 @@ def measure_rank(
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from benchmarks.trainer import _sharders
-    from fastinit.sharding.codec import decode_plan
+    from fastinit.plan.codec import decode_plan
 
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")

@@ -26,9 +26,9 @@ def measure(model: str, plan_kind: str, n: int, local: int = 8) -> dict[str, Any
 
     from benchmarks.scale import PLANS, _model
     from benchmarks.trainer import _sharders
-    from fastinit.sharding.cache import PlanCache
-    from fastinit.sharding.codec import decode_plan, encode_plan
-    from fastinit.sharding.validate import validate_plan
+    from fastinit.plan.cache import PlanCache
+    from fastinit.plan.codec import decode_plan, encode_plan
+    from fastinit.plan.validate import validate_plan
     from fastinit.testing.models import build_plan
 
     module = _model(model, False)

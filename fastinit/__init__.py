@@ -37,6 +37,6 @@ def __getattr__(name: str) -> Any:
         from fastinit import errors
 
         return getattr(errors, name)
-    if name in ("trace", "knobs", "testing", "sharding", "pg", "warmup", "checkpoint"):
+    if name in ("trace", "knobs", "testing", "plan", "sharding", "pg", "warmup", "checkpoint"):
         return importlib.import_module(f"fastinit.{name}")
     raise AttributeError(f"module 'fastinit' has no attribute {name!r}")

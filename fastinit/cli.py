@@ -295,10 +295,10 @@ def plan_ahead(
         CliError: the key cannot be cached, or an entry with a different plan is in the way.
     """
     from fastinit import compat
-    from fastinit.sharding.cache import PlanCache
-    from fastinit.sharding.codec import encode_plan
-    from fastinit.sharding.provenance import record_inputs
-    from fastinit.sharding.validate import validate_plan
+    from fastinit.plan.cache import PlanCache
+    from fastinit.plan.codec import encode_plan
+    from fastinit.plan.provenance import record_inputs
+    from fastinit.plan.validate import validate_plan
     from fastinit.startup import plan_key
 
     compat.require("planner")

@@ -228,7 +228,7 @@ PORTS: dict[str, Port] = {
     ),
     f"{_D}types:ShardingEnv.from_process_group": Port("setup", "fastinit.startup._make_env"),
     f"{_D}model_parallel:DistributedModelParallel._shard_modules_impl": Port(
-        "setup", "fastinit.sharding.validate.validate_plan", "assumed"
+        "setup", "fastinit.plan.validate.validate_plan", "assumed"
     ),
     "torch.distributed._shard.sharded_tensor.api:"
     "ShardedTensor._init_from_local_shards_and_global_metadata": Port(

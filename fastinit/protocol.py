@@ -627,7 +627,7 @@ def agree_on_plan(
     src = holders[0]
     if len(holders) == len(records) and len(set(column(records, "plan_digest"))) == 1:
         return None
-    from fastinit.sharding.codec import decode_plan
+    from fastinit.plan.codec import decode_plan
 
     source = records[src]
     with trace.span("fastinit.plan_broadcast"):

@@ -43,8 +43,8 @@ from torch import nn
 
 from fastinit import compat, knobs, protocol, trace
 from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+from fastinit.plan.validate import check_unsharded, validate_plan
 from fastinit.protocol import Record
-from fastinit.sharding.validate import check_unsharded, validate_plan
 
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         ShardingPlanner,
     )
 
-    from fastinit.sharding.cache import PlanCache, _ProtocolCache
+    from fastinit.plan.cache import PlanCache, _ProtocolCache
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ def plan_key(
     Returns:
         The :class:`PlanKey`.
     """
+    from fastinit.plan import fingerprint as fp
     from fastinit.sharding import _torchrec_modules as _trc
-    from fastinit.sharding import fingerprint as fp
     from fastinit.sharding.sharders import fast_sharders
 
     all_sharders = fast_sharders(sharders, 0)
@@ -192,7 +192,7 @@ def setup(
         plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``), a
             ``fastinit.sharding.PlanCache``, or any object with ``get``/``put`` in TorchRec 1.9's
             ``PlanCache`` protocol (keyed by the hex planner fingerprint; see
-            ``fastinit.sharding.cache.as_plan_cache``); a hit means no planning at all. A cached
+            ``fastinit.plan.cache.as_plan_cache``); a hit means no planning at all. A cached
             plan is a hint: one that does not decode or fit is a miss with one warning.
         seed: seeds every initial value fastinit makes; any Python int (outside
             ``[0, 2**63)`` it is hashed to a 63-bit value). Default: rank 0's
@@ -443,7 +443,7 @@ def _explicit_plan_fingerprint(
         return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()
     from torchrec.distributed.comm import get_local_size
 
-    from fastinit.sharding.fingerprint import DefaultTopology, planner_fingerprint
+    from fastinit.plan.fingerprint import DefaultTopology, planner_fingerprint
 
     # TorchRec's default topology, by its arguments (not its O(ranks) device list)
     topology = DefaultTopology(
@@ -483,7 +483,7 @@ def _plan_from_cache_or_planner(
 ) -> tuple[ShardingPlan | None, str | None]:
     """The cached plan, else rank 0's planner's (None on the other ranks on a miss), and where
     it came from."""
-    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache, as_plan_cache
+    from fastinit.plan.cache import FastinitCacheWarning, PlanCache, as_plan_cache
 
     cache = as_plan_cache(plan_cache, env.world_size)
     if cache is not None and key.uncacheable is not None:
@@ -502,7 +502,7 @@ def _plan_from_cache_or_planner(
         # which planner input differs from the plans made ahead (a directory only), if any
         cache_dir = cache.directory if isinstance(cache, PlanCache) else None
         if env.rank == 0 and cache_dir is not None:
-            from fastinit.sharding.provenance import log_miss
+            from fastinit.plan.provenance import log_miss
 
             try:
                 log_miss(cache_dir, module, key, log=logger)
@@ -525,9 +525,9 @@ def _cache_get(
     """A cached plan that fits this module and world, with its encoded bytes; an entry that
     does not, or is larger than any plan for this model could be, is a miss with one warning
     (and is replaced)."""
-    from fastinit.sharding.cache import plan_bytes_bound
-    from fastinit.sharding.codec import encode_plan, is_current
-    from fastinit.sharding.validate import count_tables
+    from fastinit.plan.cache import plan_bytes_bound
+    from fastinit.plan.codec import encode_plan, is_current
+    from fastinit.plan.validate import count_tables
 
     def accept(plan: ShardingPlan) -> None:
         validate_plan(module, plan, sharders, world_size=env.world_size)
@@ -552,7 +552,7 @@ def _compact(plan: ShardingPlan) -> ShardingPlan:
 
 
 def _encode(plan: ShardingPlan) -> bytes:
-    from fastinit.sharding.codec import encode_plan
+    from fastinit.plan.codec import encode_plan
 
     return encode_plan(plan)
 

@@ -120,8 +120,8 @@ def test_a_different_job_misses_and_says_which_input(
     import torch
 
     from fastinit.cli import CliError, load_factory, plan_ahead
-    from fastinit.sharding.cache import PlanCache
-    from fastinit.sharding.provenance import explain_miss, log_miss
+    from fastinit.plan.cache import PlanCache
+    from fastinit.plan.provenance import explain_miss, log_miss
     from fastinit.startup import plan_key
     from fastinit.testing.models import build_plan
 
@@ -246,7 +246,7 @@ def test_command_errors_are_one_line_and_root_logging_is_left_alone(
 
 def test_the_command_and_provenance_import_light() -> None:
     code = (
-        "import sys, fastinit.cli, fastinit.sharding.provenance\n"
+        "import sys, fastinit.cli, fastinit.plan.provenance\n"
         "try:\n    fastinit.cli.main(['--version'])\nexcept SystemExit:\n    pass\n"
         "print(','.join(m for m in ('torch', 'torchrec') if m in sys.modules))\n"
     )

@@ -25,7 +25,7 @@ from torchrec.distributed.types import (  # noqa: E402
     ShardingPlan,
 )
 
-from fastinit.sharding.codec import (  # noqa: E402
+from fastinit.plan.codec import (  # noqa: E402
     FORMAT_VERSION,
     MAGIC,
     PlanDecodeError,

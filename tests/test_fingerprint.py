@@ -24,7 +24,7 @@ from torchrec.distributed.planner import (  # noqa: E402
     Topology,
 )
 
-from fastinit.sharding.fingerprint import (  # noqa: E402
+from fastinit.plan.fingerprint import (  # noqa: E402
     planner_fingerprint,
     planner_inputs,
 )
@@ -174,7 +174,7 @@ def test_inputs_cover_tables_and_versions() -> None:
 def _hashseed_inputs() -> tuple[bytes, bytes]:
     """A fingerprint and a plan digest over strings, sets and dicts (what PYTHONHASHSEED moves)."""
     import tests.test_codec as codec_tests
-    from fastinit.sharding.codec import plan_digest
+    from fastinit.plan.codec import plan_digest
 
     topology = _topology()
     constraints = {
@@ -259,7 +259,7 @@ def _planner(**kwargs: Any) -> EmbeddingShardingPlanner:
 
 
 def test_two_lambdas_share_a_fingerprint_so_they_are_uncacheable() -> None:
-    from fastinit.sharding.fingerprint import uncacheable_reason
+    from fastinit.plan.fingerprint import uncacheable_reason
 
     model = build_model(SPEC, device="meta")
     a = _planner(callbacks=[lambda options: options])
@@ -272,7 +272,7 @@ def test_two_lambdas_share_a_fingerprint_so_they_are_uncacheable() -> None:
 
 
 def test_uncacheable_inputs_are_named() -> None:
-    from fastinit.sharding.fingerprint import uncacheable_reason
+    from fastinit.plan.fingerprint import uncacheable_reason
 
     factor = 3
 
@@ -309,7 +309,7 @@ def test_describable_inputs_keep_the_cache() -> None:
         HeuristicalStorageReservation,
     )
 
-    from fastinit.sharding.fingerprint import uncacheable_reason
+    from fastinit.plan.fingerprint import uncacheable_reason
     from fastinit.sharding.planner import FastPlanner
 
     for planner in (
@@ -335,7 +335,7 @@ def test_describable_inputs_keep_the_cache() -> None:
 
 
 def test_a_planner_with_arguments_the_key_does_not_cover() -> None:
-    from fastinit.sharding.fingerprint import uncacheable_reason
+    from fastinit.plan.fingerprint import uncacheable_reason
 
     class_body = {
         "__init__": lambda self, topology, temperature=1.0: EmbeddingShardingPlanner.__init__(

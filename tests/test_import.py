@@ -8,7 +8,8 @@ import sys
 
 def test_import_fastinit_loads_neither_torch_nor_torchrec() -> None:
     code = (
-        "import sys, fastinit, fastinit.sharding, fastinit.pg, fastinit.warmup, fastinit.knobs\n"
+        "import sys, fastinit, fastinit.sharding, fastinit.plan, fastinit.pg, fastinit.warmup\n"
+        "import fastinit.knobs\n"
         "import fastinit.checkpoint\n"
         "heavy = [m for m in ('torch', 'torchrec', 'torchrec.distributed') if m in sys.modules]\n"
         "print(','.join(heavy))\n"

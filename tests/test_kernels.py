@@ -164,7 +164,7 @@ _FAKE = textwrap.dedent(
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
     from torchrec.distributed.types import ShardingEnv
-    from fastinit.sharding.codec import decode_plan, encode_plan
+    from fastinit.plan.codec import decode_plan, encode_plan
     from fastinit.sharding.sharders import (
         FastShardedEmbeddingBagCollection, FastShardedEmbeddingCollection)
     from fastinit.testing.models import ModelSpec, build_model, build_plan

@@ -21,13 +21,13 @@ from torchrec.distributed.types import (  # noqa: E402
 
 from fastinit import knobs  # noqa: E402
 from fastinit.errors import PlanMismatchError  # noqa: E402
-from fastinit.sharding.cache import (  # noqa: E402
+from fastinit.plan.cache import (  # noqa: E402
     FastinitCacheWarning,
     PlanCache,
     plan_bytes_bound,
     resolve_cache_dir,
 )
-from fastinit.sharding.codec import encode_plan  # noqa: E402
+from fastinit.plan.codec import encode_plan  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
 KEY = bytes(range(32))
@@ -339,7 +339,7 @@ def test_accept_errors_other_than_a_mismatch_propagate(tmp_path: Path) -> None:
 def test_a_foreign_models_plan_is_rejected_by_validate_plan(tmp_path: Path) -> None:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from fastinit.sharding.validate import count_tables, validate_plan
+    from fastinit.plan.validate import count_tables, validate_plan
 
     ours = build_model(ModelSpec(num_tables=3, num_ec_tables=0), device="meta")
     theirs = build_model(ModelSpec(num_tables=5, num_ec_tables=0), device="meta")
@@ -417,7 +417,7 @@ def test_an_empty_plan_cache_means_off_like_the_empty_knob(tmp_path: Path) -> No
 def test_put_removes_stale_temporaries_of_dead_writers_only(
     tmp_path: Path, plan: ShardingPlan
 ) -> None:
-    from fastinit.sharding.cache import STALE_TMP_SECONDS
+    from fastinit.plan.cache import STALE_TMP_SECONDS
 
     old = time.time() - STALE_TMP_SECONDS - 60
     stale = tmp_path / f".{KEY.hex()[:16]}.abc123.tmp"  # a writer SIGKILLed inside put

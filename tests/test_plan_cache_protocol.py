@@ -23,14 +23,14 @@ from torchrec.distributed.types import (  # noqa: E402
 )
 
 from fastinit.errors import PlanMismatchError  # noqa: E402
-from fastinit.sharding.cache import (  # noqa: E402
+from fastinit.plan.cache import (  # noqa: E402
     FastinitCacheWarning,
     PlanCache,
     TorchRecPlanCache,
     as_plan_cache,
     cache_metadata,
 )
-from fastinit.sharding.codec import encode_plan  # noqa: E402
+from fastinit.plan.codec import encode_plan  # noqa: E402
 from fastinit.testing.models import ModelSpec, build_model, build_plan  # noqa: E402
 
 
@@ -200,7 +200,7 @@ def _setup_with_get_put_objects(cache_dir: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     import fastinit
-    from fastinit.sharding.cache import TorchRecPlanCache
+    from fastinit.plan.cache import TorchRecPlanCache
 
     spec = ModelSpec(num_tables=4, num_ec_tables=0)
     out: dict[str, Any] = {}

@@ -18,14 +18,14 @@ from torch.distributed._shard.metadata import ShardMetadata  # noqa: E402
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec  # noqa: E402
 
 from fastinit.errors import PlanMismatchError  # noqa: E402
-from fastinit.sharding import layout  # noqa: E402
-from fastinit.sharding.codec import (  # noqa: E402
+from fastinit.plan.codec import (  # noqa: E402
     FORMAT_VERSION,
     MAGIC,
     PlanDecodeError,
     decode_plan,
     encode_plan,
 )
+from fastinit.sharding import layout  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
 SPEC = ModelSpec(num_tables=7, num_ec_tables=7, rows=300)
@@ -228,7 +228,7 @@ _FAKE = textwrap.dedent(
             tables = [{f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name != "init_fn"} for t in g.embedding_tables]
             out.append((fields, tables))
         return out
-    from fastinit.sharding.codec import decode_plan, encode_plan
+    from fastinit.plan.codec import decode_plan, encode_plan
     from fastinit.testing.models import ModelSpec, build_model, build_plan
     model = build_model(ModelSpec(num_tables=4, num_ec_tables=2, rows=37), device="meta")
     plan = decode_plan(encode_plan(build_plan(model, ["row_wise", "data_parallel"], world_size=n, local_world_size=4 if n % 4 == 0 else 1)))

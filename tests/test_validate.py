@@ -26,7 +26,7 @@ from torchrec.distributed.types import (  # noqa: E402
 )
 
 from fastinit.errors import PlanMismatchError, StartupError  # noqa: E402
-from fastinit.sharding.validate import (  # noqa: E402
+from fastinit.plan.validate import (  # noqa: E402
     _tiling_problem,
     _tiling_problem_2d,
     count_tables,

@@ -42,14 +42,14 @@ def plan(medium: Any) -> Any:
 
 
 def test_codec_encode(benchmark: Any, plan: Any) -> None:
-    from fastinit.sharding.codec import encode_plan
+    from fastinit.plan.codec import encode_plan
 
     data = benchmark(encode_plan, plan)
     benchmark.extra_info["bytes"] = len(data)
 
 
 def test_codec_decode(benchmark: Any, plan: Any) -> None:
-    from fastinit.sharding.codec import decode_plan, encode_plan
+    from fastinit.plan.codec import decode_plan, encode_plan
 
     data = encode_plan(plan)
     benchmark(decode_plan, data)
@@ -90,7 +90,7 @@ def test_fingerprint(benchmark: Any, medium: Any) -> None:
     from torchrec.distributed.planner import Topology
 
     from benchmarks.trainer import _sharders
-    from fastinit.sharding.fingerprint import planner_fingerprint
+    from fastinit.plan.fingerprint import planner_fingerprint
 
     sharders = _sharders()
     topology = Topology(local_world_size=8, world_size=RANKS, compute_device="cpu")

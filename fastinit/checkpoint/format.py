@@ -105,7 +105,7 @@ class Index:
     """FQNs of every value stored once, in ``replicated/``."""
     optimizers: list[str]
     plan: bytes | None
-    """fastinit's encoded plan (``fastinit.sharding.codec``), or None (no plan, or not encodable)."""
+    """fastinit's encoded plan (``fastinit.plan.codec``), or None (no plan, or not encodable)."""
     plan_sha256: str | None
     step: int | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -171,7 +171,7 @@ class Index:
         """The stored ShardingPlan (decoded with fastinit's codec), or None."""
         if self.plan is None:
             return None
-        from fastinit.sharding.codec import decode_plan
+        from fastinit.plan.codec import decode_plan
 
         return decode_plan(self.plan)
 

@@ -166,7 +166,7 @@ def _build_index(
         try:
             import hashlib
 
-            from fastinit.sharding.codec import encode_plan
+            from fastinit.plan.codec import encode_plan
 
             plan_bytes = encode_plan(plan)
             plan_sha = hashlib.sha256(plan_bytes).hexdigest()

@@ -1,4 +1,7 @@
-"""Sharding: plan fingerprint, codec, cache, broadcast; local shard metadata; sharders; planner.
+"""Sharding: the planner; local shard metadata; sharders; layouts as rules; TorchRec's kernels.
+
+The plan's fingerprint, codec, cache and checks are in :mod:`fastinit.plan`; their names below
+(``encode_plan``, ``PlanCache``, ...) are still exported here, as before.
 
 Nothing heavy is imported here: names below load their module (and TorchRec) on first use.
 """
@@ -9,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fastinit.sharding.cache import FastinitCacheWarning, PlanCache
-    from fastinit.sharding.codec import PlanDecodeError, decode_plan, encode_plan, plan_digest
-    from fastinit.sharding.fingerprint import planner_fingerprint
+    from fastinit.plan.cache import FastinitCacheWarning, PlanCache
+    from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan, plan_digest
+    from fastinit.plan.fingerprint import planner_fingerprint
     from fastinit.sharding.planner import FastPlanner
     from fastinit.sharding.sharders import (
         FastEmbeddingBagCollectionSharder,
@@ -22,13 +25,13 @@ if TYPE_CHECKING:
 # public name -> module that defines it (add exports here)
 _LAZY: dict[str, str] = {
     "FastPlanner": "fastinit.sharding.planner",
-    "encode_plan": "fastinit.sharding.codec",
-    "decode_plan": "fastinit.sharding.codec",
-    "plan_digest": "fastinit.sharding.codec",
-    "PlanDecodeError": "fastinit.sharding.codec",
-    "planner_fingerprint": "fastinit.sharding.fingerprint",
-    "PlanCache": "fastinit.sharding.cache",
-    "FastinitCacheWarning": "fastinit.sharding.cache",
+    "encode_plan": "fastinit.plan.codec",
+    "decode_plan": "fastinit.plan.codec",
+    "plan_digest": "fastinit.plan.codec",
+    "PlanDecodeError": "fastinit.plan.codec",
+    "planner_fingerprint": "fastinit.plan.fingerprint",
+    "PlanCache": "fastinit.plan.cache",
+    "FastinitCacheWarning": "fastinit.plan.cache",
     "FastEmbeddingBagCollectionSharder": "fastinit.sharding.sharders",
     "FastEmbeddingCollectionSharder": "fastinit.sharding.sharders",
     "fast_sharders": "fastinit.sharding.sharders",

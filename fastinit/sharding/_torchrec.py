@@ -151,7 +151,7 @@ def sku_aware_reservation_details(reservation: Any) -> dict[str, Any]:
 
 
 # =================================================================================================
-# Section: fingerprint (fastinit.sharding.fingerprint) -- written against torchrec 1.8.0.
+# Section: fingerprint (fastinit.plan.fingerprint) -- written against torchrec 1.8.0.
 #
 # Reads only; nothing here writes to a TorchRec object. Touches:
 #   torchrec.distributed.planner.planners.EmbeddingPlannerBase / EmbeddingShardingPlanner: the

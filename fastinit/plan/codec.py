@@ -47,7 +47,7 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastinit.sharding._json import canonical_json
+from fastinit.plan._json import canonical_json
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan

@@ -1,6 +1,6 @@
 """What a plan-cache entry was planned for, so that a miss can say which planner input differs.
 
-The plan-cache key (:func:`fastinit.sharding.fingerprint.planner_fingerprint`) is one digest of
+The plan-cache key (:func:`fastinit.plan.fingerprint.planner_fingerprint`) is one digest of
 every planner input: a different key says *that* something differs, not *what*. Beside an entry
 ``<key>.fiplan`` this module keeps ``<key>.inputs.json``: the same canonical document cut into
 named parts, each a short readable value or a digest, e.g.::
@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fastinit.sharding._json import canonical_json as _dumps
+from fastinit.plan._json import canonical_json as _dumps
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,8 @@ def _document(
     key: KeyLike,
     constraints: Mapping[str, ParameterConstraints] | None,
 ) -> dict[str, Any]:
+    from fastinit.plan.fingerprint import planner_inputs
     from fastinit.sharding import _torchrec_modules as _trc
-    from fastinit.sharding.fingerprint import planner_inputs
 
     topology, planner_constraints = _trc.planner_inputs(key.planner)
     return planner_inputs(

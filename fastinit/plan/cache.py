@@ -5,7 +5,7 @@ One file per key, named ``<hex of key>.fiplan``::
     b"FIPCACHE" | uint16 format version | uint16 key length | key
                 | sha256 of the payload (32 bytes) | uint64 payload length | payload
 
-where the payload is :func:`fastinit.sharding.codec.encode_plan`'s bytes. Entries are written to a
+where the payload is :func:`fastinit.plan.codec.encode_plan`'s bytes. Entries are written to a
 temporary file in the same directory and moved into place with ``os.replace``, so a reader sees a
 whole entry or none, however many processes write the same key at once. A corrupt, truncated or
 foreign entry is ignored with a :class:`FastinitCacheWarning` and replaced by the next ``put``.
@@ -15,7 +15,7 @@ temporaries (``.<16 hex digits>.<random>.tmp``, regular files) older than
 behind, removed by the next ``put`` in the directory.
 
 A cached plan is a hint, never an authority: ``get(key, accept=check)`` hands the decoded plan to
-``check`` (e.g. :func:`fastinit.sharding.validate.validate_plan` for this module and world), and a
+``check`` (e.g. :func:`fastinit.plan.validate.validate_plan` for this module and world), and a
 plan it rejects with :class:`~fastinit.errors.PlanMismatchError` is a miss with one warning, so the
 caller plans again and its ``put`` replaces the entry. Only a regular file is ever read (opened
 non-blocking and without following a final symlink, then checked with ``fstat``), and never more
@@ -112,7 +112,7 @@ def plan_bytes_bound(num_tables: int, world_size: int) -> int:
 
     Args:
         num_tables: tables of every shardable module (see
-            :func:`fastinit.sharding.validate.count_tables`).
+            :func:`fastinit.plan.validate.count_tables`).
         world_size: ranks in the job.
 
     Returns:
@@ -206,7 +206,7 @@ class PlanCache:
         """The plan stored for ``key``, or None (missing, or ignored with one warning).
 
         Args:
-            key: the planner fingerprint (see ``fastinit.sharding.fingerprint``).
+            key: the planner fingerprint (see ``fastinit.plan.fingerprint``).
             accept: called with the decoded plan; a :class:`~fastinit.errors.PlanMismatchError`
                 from it makes the entry a miss (one warning; the next ``put`` replaces it).
                 Any other exception propagates.
@@ -228,7 +228,7 @@ class PlanCache:
     ) -> tuple[ShardingPlan, bytes] | None:
         """As :meth:`get`, with the entry's payload: ``(plan, the encoded plan as read)``, so
         that a caller digests or sends the bytes it read instead of encoding the plan again."""
-        from fastinit.sharding.codec import PlanDecodeError, decode_plan
+        from fastinit.plan.codec import PlanDecodeError, decode_plan
 
         path = self.path(key)
         bound = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
@@ -261,14 +261,14 @@ class PlanCache:
 
         Args:
             key: the planner fingerprint.
-            plan: the plan to store, or its bytes as :func:`~fastinit.sharding.codec.encode_plan`
+            plan: the plan to store, or its bytes as :func:`~fastinit.plan.codec.encode_plan`
                 wrote them (``setup`` stores the bytes that travelled; nothing is re-encoded).
 
         Returns:
             True when the entry is in place (written now, or already there with the same bytes);
             False, with a warning, when the directory cannot be created or written.
         """
-        from fastinit.sharding.codec import encode_plan
+        from fastinit.plan.codec import encode_plan
 
         path = self.path(key)
         payload = bytes(plan) if isinstance(plan, bytes | bytearray) else encode_plan(plan)
@@ -482,7 +482,7 @@ class _ProtocolCache:
     ) -> tuple[ShardingPlan, bytes] | None:
         from torchrec.distributed.types import ShardingPlan
 
-        from fastinit.sharding.codec import PlanDecodeError, decode_plan, encode_plan
+        from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan
 
         where = self._describe()
         try:
@@ -523,7 +523,7 @@ class _ProtocolCache:
 
     def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
         if isinstance(plan, bytes | bytearray):  # the bytes that travelled: the object's plan
-            from fastinit.sharding.codec import decode_plan
+            from fastinit.plan.codec import decode_plan
 
             plan = decode_plan(bytes(plan))
         metadata = cache_metadata(

@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fastinit.sharding._json import canonical_json as _dumps
+from fastinit.plan._json import canonical_json as _dumps
 
 if TYPE_CHECKING:
     from torch import nn

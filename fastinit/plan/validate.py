@@ -74,7 +74,7 @@ def shardable_modules(
 
 def count_tables(module: nn.Module, sharders: Sequence[ModuleSharder[Any]]) -> int:
     """The number of shardable parameters (tables) of every shardable module of ``module``
-    (for :func:`fastinit.sharding.cache.plan_bytes_bound`)."""
+    (for :func:`fastinit.plan.cache.plan_bytes_bound`)."""
     return sum(len(s.shardable_parameters(m)) for _, m, s in shardable_modules(module, sharders))
 
 

@@ -1,0 +1,66 @@
+"""The plan's life apart from building the sharded modules: fingerprint, codec, cache, checks.
+
+* :func:`planner_fingerprint` (``fingerprint``): the digest of what decides a plan, the cache key
+  and what every rank compares; ``provenance``: what a cache entry was planned for, so a miss can
+  say which input differs.
+* :func:`encode_plan`, :func:`decode_plan`, :func:`plan_digest` (``codec``): the versioned,
+  pickle-free encoding the start-up protocol broadcasts and the cache stores.
+* :class:`PlanCache`, :class:`TorchRecPlanCache`, :func:`as_plan_cache` (``cache``): plans on disk
+  by fingerprint, and TorchRec 1.9's ``PlanCache`` protocol both ways.
+* :func:`validate_plan` (``validate``): a plan checked against the module and the world before
+  TorchRec is handed it (a cached plan is a hint, never an authority).
+
+The planner itself is :class:`fastinit.sharding.FastPlanner`. Nothing heavy is imported here: the
+names below load their module (and TorchRec) on first use. These modules lived in
+``fastinit.sharding`` before; the old module paths still import (aliases of these modules).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastinit.plan.cache import (
+        FastinitCacheWarning,
+        PlanCache,
+        TorchRecPlanCache,
+        as_plan_cache,
+    )
+    from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan, plan_digest
+    from fastinit.plan.fingerprint import planner_fingerprint
+    from fastinit.plan.validate import validate_plan
+
+# public name -> module that defines it (add exports here)
+_LAZY: dict[str, str] = {
+    "encode_plan": "fastinit.plan.codec",
+    "decode_plan": "fastinit.plan.codec",
+    "plan_digest": "fastinit.plan.codec",
+    "PlanDecodeError": "fastinit.plan.codec",
+    "planner_fingerprint": "fastinit.plan.fingerprint",
+    "PlanCache": "fastinit.plan.cache",
+    "TorchRecPlanCache": "fastinit.plan.cache",
+    "FastinitCacheWarning": "fastinit.plan.cache",
+    "as_plan_cache": "fastinit.plan.cache",
+    "validate_plan": "fastinit.plan.validate",
+}
+
+__all__ = [
+    "FastinitCacheWarning",
+    "PlanCache",
+    "PlanDecodeError",
+    "TorchRecPlanCache",
+    "as_plan_cache",
+    "decode_plan",
+    "encode_plan",
+    "plan_digest",
+    "planner_fingerprint",
+    "validate_plan",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastinit.plan' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -333,11 +333,12 @@ def measure_rank(
 
         from fastinit.sharding import _torchrec_modules as _trc
         from fastinit.sharding.layout import expanded_plan
+        from fastinit.sharding.mirror.collective_utils import set_collective_validation
 
         plan = expanded_plan(plan)  # TorchRec's own objects, as broadcast_object_list gives
         # init_collective_validation's broadcast_object_list gets no real answer on the fake
         # backend (garbage sizes): configure it as rank 0 would have, outside the timing.
-        _trc.set_collective_validation(_trc.collective_validation_on_leader())
+        set_collective_validation(_trc.collective_validation_on_leader())
         t = time.perf_counter()
         DistributedModelParallel(module, device=device, plan=plan, sharders=_sharders())
         setup_s = time.perf_counter() - t

@@ -85,6 +85,7 @@ _K = "fastinit.sharding.kernels"
 _L = "fastinit.sharding.local"
 _S = "fastinit.sharding.sharders"
 _M = "fastinit.sharding._torchrec_modules"
+_MI = "fastinit.sharding.mirror."
 
 #: ``"module:qualname"`` of the upstream object -> the fastinit code that mirrors it.
 PORTS: dict[str, Port] = {
@@ -180,7 +181,7 @@ PORTS: dict[str, Port] = {
         "setup", f"{_K}.fast_classes", "rebound"
     ),
     f"{_D}batched_embedding_kernel:EmbeddingFusedOptimizer.__init__": Port(
-        "setup", f"{_L}.fused_optimizer_init"
+        "setup", f"{_MI}batched_embedding_kernel.fused_optimizer_init"
     ),
     f"{_D}embedding_lookup:GroupedPooledEmbeddingsLookup._create_embedding_kernel": Port(
         "setup", f"{_K}.fast_classes", "rebound"
@@ -205,7 +206,7 @@ PORTS: dict[str, Port] = {
         "setup", f"{_S}.FastEmbeddingBagCollectionSharder.shard"
     ),
     f"{_D}embedding:ShardedEmbeddingCollection._initialize_torch_state": Port(
-        "setup", f"{_M}.ec_initialize_torch_state"
+        "setup", f"{_MI}embedding.ec_initialize_torch_state"
     ),
     f"{_D}embedding:ShardedEmbeddingCollection.create_embedding_sharding": Port(
         "setup", f"{_K}._sharding_factory", "rebound"
@@ -219,14 +220,24 @@ PORTS: dict[str, Port] = {
     f"{_D}embedding:EmbeddingCollectionSharder.shard": Port(
         "setup", f"{_S}.FastEmbeddingCollectionSharder.shard"
     ),
-    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding.__init__": Port("setup", f"{_L}._OwnRankRw"),
-    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding._shard": Port("setup", f"{_L}._rw_tables"),
-    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding.__init__": Port("setup", f"{_L}._OwnRankDp"),
-    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding._shard": Port("setup", f"{_L}._dp_tables"),
-    f"{_D}collective_utils:init_collective_validation": Port(
-        "setup", f"{_M}.set_collective_validation"
+    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding.__init__": Port(
+        "setup", f"{_MI}sharding.rw_sharding._OwnRankRw"
     ),
-    f"{_D}types:ShardingEnv.from_process_group": Port("setup", "fastinit.startup._make_env"),
+    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding._shard": Port(
+        "setup", f"{_MI}sharding.rw_sharding._rw_tables"
+    ),
+    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding.__init__": Port(
+        "setup", f"{_MI}sharding.dp_sharding._OwnRankDp"
+    ),
+    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding._shard": Port(
+        "setup", f"{_MI}sharding.dp_sharding._dp_tables"
+    ),
+    f"{_D}collective_utils:init_collective_validation": Port(
+        "setup", f"{_MI}collective_utils.set_collective_validation"
+    ),
+    f"{_D}types:ShardingEnv.from_process_group": Port(
+        "setup", f"{_MI}types.sharding_env_from_process_group"
+    ),
     f"{_D}model_parallel:DistributedModelParallel._shard_modules_impl": Port(
         "setup", "fastinit.plan.validate.validate_plan", "assumed"
     ),

@@ -284,7 +284,9 @@ def _resolve_env(env: ShardingEnv | None, device: torch.device) -> ShardingEnv:
         if env.process_group is None and env.world_size > 1:
             raise StartupError("fastinit.setup needs a process group when world_size > 1")
         return env
-    return _make_env(_ensure_process_group(device), device)
+    from fastinit.sharding.mirror.types import sharding_env_from_process_group
+
+    return sharding_env_from_process_group(_ensure_process_group(device), device)
 
 
 def _ensure_process_group(device: torch.device) -> dist.ProcessGroup:
@@ -321,21 +323,6 @@ def _cuda_device_id(device: torch.device) -> torch.device | None:
     if device.index is not None:
         return device
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def _make_env(pg: dist.ProcessGroup, device: torch.device) -> ShardingEnv:
-    """A ``ShardingEnv`` on ``pg`` whose device mesh comes from the group itself (stock builds a
-    new mesh with ``init_device_mesh``, on the device torch uses for object collectives)."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torchrec.distributed.types import ShardingEnv
-
-    env = ShardingEnv.__new__(ShardingEnv)
-    env.world_size = dist.get_world_size(pg)
-    env.rank = dist.get_rank(pg)
-    env.process_group = pg
-    env.device_mesh = DeviceMesh.from_group(pg, protocol.comm_device(pg, device).type)
-    env.output_dtensor = False
-    return env
 
 
 # -- phase 1: local preparation ----------------------------------------------------------------
@@ -662,9 +649,9 @@ def _collective_validation_on_leader() -> bool:
 
 def _set_collective_validation(enabled: bool) -> None:
     """Collective validation as rank 0 resolved it, so DMP's own call sends nothing."""
-    from fastinit.sharding import _torchrec_modules as _trc
+    from fastinit.sharding.mirror.collective_utils import set_collective_validation
 
-    _trc.set_collective_validation(enabled)
+    set_collective_validation(enabled)
 
 
 def _adopt_rank0_settings(records: Sequence[Record]) -> int:

@@ -74,16 +74,79 @@ def test_one_canonical_json_helper() -> None:
     assert offenders == ["checkpoint/format.py"], offenders
 
 
-def test_ported_planner_code_in_upstream_named_files() -> None:
+# Ported code not (yet) in a file named after its upstream one, each with why (docs/ports.md).
+_NOT_IN_MIRROR: dict[str, str] = {
+    # fastinit/sharding/planner.py: being split into mirror/planner/{proposers,partitioners,
+    # planners}.py by other work (and NoopPerfModel.rate into mirror/planner/perf_models.py)
+    **dict.fromkeys(
+        (
+            "torchrec.distributed.planner.proposers",
+            "torchrec.distributed.planner.partitioners",
+            "torchrec.distributed.planner.perf_models",
+            "torchrec.distributed.planner.planners",
+        ),
+        "fastinit.sharding.planner.",
+    ),
+    # method overrides of fastinit's subclasses of the upstream sharded modules and sharders
+    # (fastinit/sharding/sharders.py): a few lines each, on classes that share sharders.py's
+    # mixins; moved, they would be delegating stubs or the class hierarchy split in two
+    **dict.fromkeys(
+        ("torchrec.distributed.embeddingbag", "torchrec.distributed.embedding"),
+        "fastinit.sharding.sharders.",
+    ),
+    # fastinit/pg/: the node groups intra_and_cross_node_pg would make, built by the process-
+    # group registry itself (its cache, lock and timeouts), and the node size it would read
+    "torchrec.distributed.comm": "fastinit.pg.",
+}
+
+
+def test_ported_code_in_upstream_named_files() -> None:
+    """Every ``ported`` TorchRec function lives in ``fastinit/sharding/mirror/<path>.py`` for
+    upstream ``torchrec/distributed/<path>.py``, so an upgrade's upstream diff maps file to file."""
     from fastinit import ports
 
     mirror = "fastinit.sharding.mirror."
+    checked = 0
     for key, port in ports.PORTS.items():
         upstream = key.split(":")[0]
-        prefix = "torchrec.distributed.planner."
-        if upstream.startswith(prefix) and port.where.startswith(mirror) and port.how == "ported":
-            here = port.where.split(",")[0].strip()
-            assert here.startswith(mirror + upstream.removeprefix("torchrec.distributed.") + "."), (
-                key,
-                port.where,
-            )
+        if not upstream.startswith("torchrec.distributed.") or port.how != "ported":
+            continue
+        here = port.where.split(",")[0].strip()
+        exempt = _NOT_IN_MIRROR.get(upstream)
+        if exempt is not None and here.startswith(exempt):
+            continue
+        checked += 1
+        assert here.startswith(mirror + upstream.removeprefix("torchrec.distributed.") + "."), (
+            key,
+            port.where,
+        )
+    assert checked >= 15  # the enumerator, estimators, shardings, fused optimizer, EC, env, ...
+
+
+def test_port_locations_exist() -> None:
+    """Every ``where`` of :data:`fastinit.ports.PORTS` names fastinit code that exists."""
+    import importlib
+
+    from fastinit import ports
+
+    missing = []
+    for key, port in ports.PORTS.items():
+        for where in port.where.split(","):
+            where = where.strip()
+            if where.startswith("."):  # ", ._finish": another attribute of the previous one's owner
+                continue
+            parts = where.split(".")
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[i:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    missing.append((key, where))
+                break
+            else:
+                missing.append((key, where))
+    assert not missing, missing

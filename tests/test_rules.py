@@ -144,7 +144,7 @@ def test_local_count_and_index_of(name: str) -> None:
 def test_optimizer_state_layouts_are_torchrecs(
     name: str, kind: str, state_shape: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastinit.sharding.local import _optimizer_state_metadata
+    from fastinit.sharding.mirror.batched_embedding_kernel import _optimizer_state_metadata
 
     monkeypatch.setattr("torchrec.distributed.comm.get_node_group_size", lambda *a: 4)
     shards, size = LAYOUTS[name]

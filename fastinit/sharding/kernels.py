@@ -93,7 +93,7 @@ def fast_classes() -> types.SimpleNamespace:
     from torchrec.distributed import embedding_kernel as ek
     from torchrec.distributed import embedding_lookup as el
 
-    from fastinit.sharding import local
+    from fastinit.sharding.mirror import batched_embedding_kernel as mirror_bek
 
     st = _local_sharded_tensor()
 
@@ -125,7 +125,7 @@ def fast_classes() -> types.SimpleNamespace:
             if any(t.dtensor_metadata for t in config.embedding_tables):
                 super().__init__(*args)  # DTensor state: TorchRec's own
                 return
-            local.fused_optimizer_init(self, *args)
+            mirror_bek.fused_optimizer_init(self, *args)
 
     optimizer = FastEmbeddingFusedOptimizer
     by_table = rebound(bek._gen_named_parameters_by_table_fused, EmbeddingFusedOptimizer=optimizer)

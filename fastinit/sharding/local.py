@@ -12,35 +12,28 @@ Here:
   :class:`FastDpPooledEmbeddingSharding`, :class:`FastDpSequenceEmbeddingSharding` are TorchRec's
   row-wise / data-parallel shardings that build this rank's tables and groups only; another
   rank's are built on demand (``_grouped_embedding_configs_per_rank[r]``), as stock would have
-  them, if anything asks.
+  them, if anything asks (the ported ``__init__``/``_shard``: ``mirror/sharding/rw_sharding.py``,
+  ``mirror/sharding/dp_sharding.py``).
 * A table's global shard metadata is one shared list per table whose deep copy shares its
   (immutable) ``ShardMetadata`` and which remembers what was already checked about it.
 * :func:`fast_sharded_tensor` is ``ShardedTensor._init_from_local_shards_and_global_metadata``
   with the same checks and result: for a layout given by its runs (:class:`LazyShards`) in
   O(runs + local shards), the shard list left unbuilt; for a list, in O(shards) rather than
   O(shards × ranks), once per distinct layout. :mod:`fastinit.sharding.kernels` has TorchRec's
-  kernels and fused optimizer call it (no class or global is patched).
+  kernels and fused optimizer (its ``__init__`` ported in ``mirror/batched_embedding_kernel.py``)
+  call it (no class or global is patched).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
-from torchrec.distributed.embedding_sharding import (
-    EmbeddingSharding,
-    EmbeddingShardingInfo,
-    group_tables,
-)
-from torchrec.distributed.embedding_types import (
-    EmbeddingComputeKernel,
-    GroupedEmbeddingConfig,
-    ShardedEmbeddingTable,
-)
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.sharding.dp_sequence_sharding import DpSequenceEmbeddingSharding
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingSharding
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
@@ -50,6 +43,8 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from fastinit.sharding import _torchrec_modules as _trc
 from fastinit.sharding import rules
 from fastinit.sharding.layout import LazyShards, SharedShards, validate_runs
+from fastinit.sharding.mirror.sharding.dp_sharding import _OwnRankDp
+from fastinit.sharding.mirror.sharding.rw_sharding import _OwnRankRw
 
 __all__ = [
     "FastRwPooledEmbeddingSharding",
@@ -60,194 +55,6 @@ __all__ = [
     "embedding_sharding",
     "fast_sharded_tensor",
 ]
-
-
-class _PerRank(Sequence[list[GroupedEmbeddingConfig]]):
-    """Every rank's grouped tables: this rank's built, another's built when first asked for."""
-
-    def __init__(
-        self,
-        world_size: int,
-        rank: int,
-        own: list[GroupedEmbeddingConfig],
-        build: Callable[[int], list[GroupedEmbeddingConfig]],
-    ) -> None:
-        self._built: dict[int, list[GroupedEmbeddingConfig]] = {rank: own}
-        self._n = world_size
-        self._build = build
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._n))]
-        i = index + self._n if index < 0 else index
-        if not 0 <= i < self._n:
-            raise IndexError(index)
-        got = self._built.get(i)
-        if got is None:
-            got = self._built[i] = self._build(i)
-        return got
-
-
-def _size(info: EmbeddingShardingInfo) -> torch.Size:
-    config = info.embedding_config
-    rows = (
-        config.num_embeddings_post_pruning
-        if config.num_embeddings_post_pruning is not None
-        else config.num_embeddings
-    )
-    return torch.Size([rows, config.embedding_dim])
-
-
-def _global_metadata(info: EmbeddingShardingInfo, cache: dict[int, Any]) -> ShardedTensorMetadata:
-    got = cache.get(id(info))
-    if got is None:
-        spec = info.param_sharding.sharding_spec
-        lazy = getattr(spec, "lazy_shards", None)
-        shards = lazy() if lazy is not None else spec.shards
-        if not isinstance(shards, LazyShards):
-            checked = shards.checked if isinstance(shards, SharedShards) else None
-            shards = SharedShards(shards, checked)
-        got = cache[id(info)] = ShardedTensorMetadata(shards_metadata=shards, size=_size(info))
-    return got
-
-
-def _rw_tables(
-    sharding: Any, infos: list[EmbeddingShardingInfo], rank: int, cache: dict[int, Any]
-) -> list[ShardedEmbeddingTable]:
-    """``BaseRwEmbeddingSharding._shard(infos)[rank]``, for one rank."""
-    from torch.distributed._tensor.placement_types import Replicate, Shard
-    from torchrec.distributed.embedding_types import DTensorMetadata
-
-    tables = []
-    for info in infos:
-        config = info.embedding_config
-        global_metadata = _global_metadata(info, cache)
-        dtensor_metadata = None
-        if sharding._env.output_dtensor:
-            placements = (Replicate(), Shard(0)) if sharding._is_2D_parallel else (Shard(0),)
-            dtensor_metadata = DTensorMetadata(
-                mesh=sharding._env.device_mesh,
-                placements=placements,
-                size=tuple(_size(info)),
-                stride=info.param.stride(),
-            )
-        local = global_metadata.shards_metadata[rank]
-        tables.append(
-            _table(
-                info,
-                local_rows=local.shard_sizes[0],
-                local_cols=config.embedding_dim,
-                local_metadata=local,
-                global_metadata=global_metadata,
-                dtensor_metadata=dtensor_metadata,
-                num_embeddings_post_pruning=config.num_embeddings_post_pruning,
-                total_num_buckets=config.total_num_buckets,
-                use_virtual_table=config.use_virtual_table,
-                virtual_table_eviction_policy=config.virtual_table_eviction_policy,
-                enable_embedding_update=config.enable_embedding_update,
-            )
-        )
-    return tables
-
-
-def _dp_tables(infos: list[EmbeddingShardingInfo]) -> list[ShardedEmbeddingTable]:
-    """``BaseDpEmbeddingSharding._shard(infos)[rank]`` (the same for every rank)."""
-    return [
-        _table(
-            info,
-            local_rows=info.param.size(0),
-            local_cols=info.param.size(1),
-            local_metadata=None,
-            global_metadata=None,
-        )
-        for info in infos
-    ]
-
-
-def _table(info: EmbeddingShardingInfo, **fields: Any) -> ShardedEmbeddingTable:
-    """The ``ShardedEmbeddingTable`` fields TorchRec's row-wise and data-parallel ``_shard``
-    both set from the table config, plus ``fields`` (those that differ between them)."""
-    config = info.embedding_config
-    return ShardedEmbeddingTable(
-        num_embeddings=config.num_embeddings,
-        embedding_dim=config.embedding_dim,
-        name=config.name,
-        embedding_names=config.embedding_names,
-        data_type=config.data_type,
-        feature_names=config.feature_names,
-        pooling=config.pooling,
-        is_weighted=config.is_weighted,
-        has_feature_processor=config.has_feature_processor,
-        compute_kernel=EmbeddingComputeKernel(info.param_sharding.compute_kernel),
-        weight_init_max=config.weight_init_max,
-        weight_init_min=config.weight_init_min,
-        fused_params=info.fused_params,
-        stash_weights=config.stash_weights,
-        **fields,
-    )
-
-
-class _OwnRankRw:
-    """``BaseRwEmbeddingSharding.__init__`` (torchrec 1.8.0), building this rank's tables only."""
-
-    def __init__(
-        self,
-        sharding_infos: list[EmbeddingShardingInfo],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        need_pos: bool = False,
-        qcomm_codecs_registry: dict[str, Any] | None = None,
-        device_type_from_sharding_infos: str | tuple[str, ...] | None = None,
-    ) -> None:
-        from torchrec.distributed.types import ShardingEnv2D
-
-        EmbeddingSharding.__init__(self, qcomm_codecs_registry=qcomm_codecs_registry)
-        self._env = env
-        self._is_2D_parallel = isinstance(env, ShardingEnv2D)
-        self._pg = env.sharding_pg if self._is_2D_parallel else env.process_group
-        self._world_size = env.world_size
-        self._rank = env.rank
-        self._device = device if device is not None else torch.device("cpu")
-        self._device_type_from_sharding_infos = device_type_from_sharding_infos
-        self._need_pos = need_pos
-        cache: dict[int, Any] = {}
-        own = group_tables([_rw_tables(self, sharding_infos, self._rank, cache)])[0]
-        self._grouped_embedding_configs_per_rank = _PerRank(
-            self._world_size,
-            self._rank,
-            own,
-            lambda r: group_tables([_rw_tables(self, sharding_infos, r, cache)])[0],
-        )
-        self._grouped_embedding_configs = own
-        self.enable_embedding_update = any(g.enable_embedding_update for g in own)
-        self._has_feature_processor = any(g.has_feature_processor for g in own)
-
-
-class _OwnRankDp:
-    """``BaseDpEmbeddingSharding.__init__`` (torchrec 1.8.0), building this rank's tables only."""
-
-    def __init__(
-        self,
-        sharding_infos: list[EmbeddingShardingInfo],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-    ) -> None:
-        EmbeddingSharding.__init__(self)
-        self._env = env
-        self._device = device
-        self._rank = env.rank
-        self._world_size = env.world_size
-        own = group_tables([_dp_tables(sharding_infos)])[0]
-        self._grouped_embedding_configs_per_rank = _PerRank(
-            self._world_size,
-            self._rank,
-            own,
-            lambda r: group_tables([_dp_tables(sharding_infos)])[0],
-        )
-        self._grouped_embedding_configs = own
 
 
 class FastRwPooledEmbeddingSharding(_OwnRankRw, RwPooledEmbeddingSharding):
@@ -490,149 +297,6 @@ def _on_rule(
     return _trc.sharded_tensor_from_checked_layout(local_shards, metadata, spec, pg, held=held)
 
 
-# ---- the fused optimizer's state metadata, once per layout -------------------------------------
-
-
-def _new_shard_metadata(offsets: list[int], sizes: list[int], placement: Any) -> Any:
-    """A ``ShardMetadata`` of values taken from checked metadata (no re-validation)."""
-    from torch.distributed._shard.metadata import ShardMetadata
-
-    md = object.__new__(ShardMetadata)
-    md.shard_offsets = offsets
-    md.shard_sizes = sizes
-    md.placement = placement
-    return md
-
-
-class _StateLayout:
-    """One optimizer state's shard metadata for one table layout, and the table shard → state
-    shard correspondence (by identity, then by value as TorchRec's dict would)."""
-
-    __slots__ = ("ordered", "index", "shards", "size")
-
-    def __init__(self, ordered: list[Any], shards: list[Any], size: torch.Size) -> None:
-        self.ordered = ordered
-        self.index = {id(md): i for i, md in enumerate(ordered)}
-        self.shards = SharedShards(shards)
-        self.size = size
-
-    def of(self, md: Any) -> Any:
-        i = self.index.get(id(md))
-        if i is None or self.ordered[i] is not md:
-            matches = [k for k, x in enumerate(self.ordered) if x == md]
-            if not matches:
-                raise KeyError(md)
-            i = matches[-1]  # a dict keyed by value keeps the last of equal keys
-        return self.shards[i]
-
-
-class _RuledStateLayout:
-    """One optimizer state's layout given by runs (:func:`rules.state_shards`): the table shard
-    → state shard correspondence by index, the state's shards built when read."""
-
-    __slots__ = ("table", "runs", "exp", "size")
-
-    def __init__(self, table: LazyShards, runs: Any, size: torch.Size) -> None:
-        from fastinit.sharding.layout import Expansions
-
-        self.table = table
-        self.runs = runs
-        self.exp = Expansions()  # the states' ShardMetadata are their own, as TorchRec's are
-        self.size = size
-
-    def of(self, md: Any) -> Any:
-        i = rules.index_of(self.table, md)
-        if i is None:
-            raise KeyError(md)
-        return self.exp.shard_at(self.runs, i)
-
-
-def _optimizer_state_metadata(
-    kind: str,
-    table_global_metadata: ShardedTensorMetadata,
-    optimizer_state: torch.Tensor,
-    sharding_dim: int,
-    is_grid_sharded: bool,
-) -> tuple[Any, ShardedTensorMetadata]:
-    """``EmbeddingFusedOptimizer``'s ``get_optimizer_{single_value,rowwise,pointwise}_shard_
-    metadata_and_global_metadata`` (torchrec 1.8.0), computed once per table layout (tables and
-    optimizers whose global shard lists share a :class:`SharedShards` layout share the result)
-    and without hashing every ``ShardMetadata``."""
-    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
-    from torchrec.distributed.comm import get_node_group_size
-
-    shards = table_global_metadata.shards_metadata
-    grid_nodes = 1
-    if kind == "rowwise" and is_grid_sharded:
-        grid_nodes = len(shards) // get_node_group_size()
-    key = (
-        "optimizer",
-        kind,
-        sharding_dim,
-        is_grid_sharded,
-        grid_nodes,
-        tuple(table_global_metadata.size),
-    )
-    properties = TensorProperties(
-        dtype=optimizer_state.dtype, layout=optimizer_state.layout, requires_grad=False
-    )
-    if isinstance(shards, LazyShards) and not shards.expanded:
-        ruled = shards.checked.get(key)
-        if ruled is None:
-            got_runs = rules.state_shards(shards, kind, sharding_dim, is_grid_sharded, grid_nodes)
-            if got_runs is not None:
-                runs, first = got_runs
-                size = table_global_metadata.size
-                if kind == "single":
-                    size = torch.Size([first])
-                elif kind == "rowwise":
-                    size = torch.Size([size[0] * first])
-                ruled = shards.checked[key] = _RuledStateLayout(shards, runs, size)
-        if ruled is not None:
-            return ruled, ShardedTensorMetadata(
-                shards_metadata=LazyShards(ruled.runs, ruled.exp),  # type: ignore[arg-type]
-                size=ruled.size,
-                tensor_properties=properties,
-            )
-    checked = shards.checked if isinstance(shards, (SharedShards, LazyShards)) else None
-    got: _StateLayout | None = checked.get(key) if checked is not None else None
-    if got is None:
-        ordered = list(shards)
-        if kind == "single":
-            states = [_new_shard_metadata([i], [1], md.placement) for i, md in enumerate(ordered)]
-            size = torch.Size([len(ordered)])
-        elif kind == "rowwise":
-            if sharding_dim == 1:
-                ordered.sort(key=lambda s: s.shard_offsets[1])
-            states = []
-            rolling = 0
-            for idx, md in enumerate(ordered):
-                offset = md.shard_offsets[0]
-                if is_grid_sharded:
-                    offset = rolling
-                    rolling += md.shard_sizes[0]
-                elif sharding_dim == 1:
-                    offset = idx * md.shard_sizes[0]
-                states.append(_new_shard_metadata([offset], [md.shard_sizes[0]], md.placement))
-            rw = len(ordered) if sharding_dim == 1 and not is_grid_sharded else 1
-            size = torch.Size([table_global_metadata.size[0] * rw * grid_nodes])
-        else:
-            states = [
-                _new_shard_metadata(md.shard_offsets, md.shard_sizes, md.placement)
-                for md in ordered
-            ]
-            size = table_global_metadata.size
-        got = _StateLayout(ordered, states, size)
-        if checked is not None:
-            checked[key] = got
-    metadata = ShardedTensorMetadata(
-        shards_metadata=SharedShards(got.shards, got.shards.checked),
-        size=got.size,
-        tensor_properties=properties,
-    )
-    return got, metadata
-
-
 # torch's own constructor, as this module found it: fast_sharded_tensor stands for it only.
 _TORCH_INIT = ShardedTensor.__dict__.get("_init_from_local_shards_and_global_metadata")
 
@@ -649,135 +313,3 @@ def sharded_tensor(*args: Any, **kwargs: Any) -> Any:
     if out is NotImplemented:
         out = ShardedTensor._init_from_local_shards_and_global_metadata(*args, **kwargs)
     return out
-
-
-def _own_properties(metadata: Any, copy: Any) -> Any:
-    """What TorchRec's ``copy.deepcopy`` of a table's global metadata is for (tensor properties
-    of its own, which this optimizer sets), without building a rule-given layout's shards: the
-    copy shares them, as a deep copy of a :class:`SharedShards` list does."""
-    shards = metadata.shards_metadata
-    if isinstance(shards, LazyShards) and not shards.expanded:
-        return ShardedTensorMetadata(
-            shards_metadata=LazyShards(shards.runs, shards._exp),  # type: ignore[arg-type]
-            size=metadata.size,
-            tensor_properties=copy.deepcopy(metadata.tensor_properties),
-        )
-    return copy.deepcopy(metadata)
-
-
-def fused_optimizer_init(
-    self: Any,
-    config: GroupedEmbeddingConfig,
-    emb_module: Any,
-    pg: Any,
-    create_for_table: str | None,
-    param_weight_for_table: Any,
-    embedding_weights_by_table: list[torch.Tensor] | None,
-    all_optimizer_states: list[dict[str, torch.Tensor]] | None,
-) -> None:
-    """The body of ``EmbeddingFusedOptimizer.__init__`` (torchrec 1.8.0) without DTensor state,
-    its ShardedTensors built by :func:`fast_sharded_tensor` and its state metadata by
-    :func:`_optimizer_state_metadata`."""
-    import copy
-    import itertools
-
-    from torch.distributed._shard.sharded_tensor import Shard
-    from torchrec.optim.fused import FusedOptimizer
-
-    self._emb_module = emb_module
-    self._pg = pg
-    state: dict[Any, Any] = {}
-    param_group: dict[str, Any] = {"params": [], "lr": emb_module.get_learning_rate()}
-    params: dict[str, Any] = {}
-    shard_params: dict[str, dict[str, list[Any]]] = {}
-    embedding_weights_by_table = embedding_weights_by_table or emb_module.split_embedding_weights()
-    all_optimizer_states = all_optimizer_states or emb_module.get_optimizer_state()
-    state_keys: dict[str, list[str]] = {}
-    for table_config, optimizer_states, weight in itertools.zip_longest(
-        config.embedding_tables, all_optimizer_states, embedding_weights_by_table
-    ):
-        if create_for_table is not None and create_for_table != table_config.name:
-            continue
-        sp = shard_params.setdefault(
-            table_config.name, {"optimizer_states": [], "local_metadata": [], "weights": []}
-        )
-        values = None
-        if optimizer_states:
-            values = tuple(optimizer_states.values())
-            for value in values:
-                assert table_config.local_rows == value.size(0) or value.nelement() == 1
-            state_keys[table_config.name] = list(optimizer_states.keys())
-        sp["optimizer_states"].append(values)
-        sp["local_metadata"].append(table_config.local_metadata)
-        sp["weights"].append(weight)
-
-    seen: set[str] = set()
-    for table_config in config.embedding_tables:
-        if create_for_table is not None and create_for_table != table_config.name:
-            continue
-        if table_config.name in seen:
-            continue
-        seen.add(table_config.name)
-        global_metadata = _own_properties(table_config.global_metadata, copy)
-        sp = shard_params[table_config.name]
-        assert global_metadata is not None
-        if create_for_table is None:
-            local_weight_shards = []
-            for local_weight, local_metadata in zip(
-                sp["weights"], sp["local_metadata"], strict=False
-            ):
-                local_weight_shards.append(Shard(local_weight, local_metadata))
-                global_metadata.tensor_properties.dtype = local_weight.dtype
-                global_metadata.tensor_properties.requires_grad = local_weight.requires_grad
-            weight = sharded_tensor(local_weight_shards, global_metadata, self._pg)
-            param_key = table_config.name + ".weight"
-        else:
-            assert param_weight_for_table is not None, (
-                "param_weight_for_table cannot be None when using create_for_table"
-            )
-            weight = param_weight_for_table
-            param_key = ""
-        state[weight] = {}
-        param_group["params"].append(weight)
-        params[param_key] = weight
-
-        sharding_dim = 1 if table_config.local_cols != table_config.embedding_dim else 0
-        is_grid = (
-            table_config.local_cols != table_config.embedding_dim
-            and table_config.local_rows != table_config.num_embeddings
-        )
-        if not all(s is not None for s in sp["optimizer_states"]):
-            continue
-
-        def sharded_state(
-            momentum_idx: int,
-            state_key: str,
-            table_config: Any = table_config,
-            sharding_dim: int = sharding_dim,
-            is_grid: bool = is_grid,
-        ) -> Any:
-            sp = shard_params[table_config.name]
-            states, local_mds = sp["optimizer_states"], sp["local_metadata"]
-            optim_state = states[0][momentum_idx - 1]
-            if optim_state.nelement() == 1 and state_key != "momentum1":
-                kind = "single"
-            elif optim_state.dim() == 1:
-                kind = "rowwise"
-            else:
-                kind = "pointwise"
-            layout, metadata = _optimizer_state_metadata(
-                kind, table_config.global_metadata, optim_state, sharding_dim, is_grid
-            )
-            local_shards = [
-                Shard(s[momentum_idx - 1], layout.of(md))
-                for s, md in zip(states, local_mds, strict=False)
-            ]
-            return sharded_tensor(local_shards, metadata, self._pg)
-
-        num_states = min(len(s) for s in sp["optimizer_states"])
-        keys = state_keys[table_config.name] if num_states > 0 else []
-        for idx in range(num_states):
-            key = "momentum1" if idx == 0 else keys[idx]
-            state[weight][f"{table_config.name}.{key}"] = sharded_state(idx + 1, key)
-
-    FusedOptimizer.__init__(self, params, state, [param_group])

@@ -38,6 +38,7 @@ from fastinit import seeding
 from fastinit.sharding import _torchrec_modules as _trc
 from fastinit.sharding import kernels as _kernels
 from fastinit.sharding import local as _local
+from fastinit.sharding.mirror import embedding as _mirror_ec
 
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
@@ -209,7 +210,7 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
         building = getattr(self, "_fastinit_building", False)
         self._fastinit_building = True  # TorchRec's method ends in reset_parameters: once, below
         try:
-            _trc.ec_initialize_torch_state(
+            _mirror_ec.ec_initialize_torch_state(
                 self, skip_registering, super()._initialize_torch_state, _local.sharded_tensor
             )
         finally:

@@ -1,0 +1,1 @@
+"""Mirrors of ``torchrec/distributed/sharding/``: one module per upstream file."""

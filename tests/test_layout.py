@@ -1,10 +1,12 @@
-"""The code layout docs/ports.md describes: no import circle in fastinit.sharding, one canonical
-JSON helper, ported planner code in files named after the upstream ones."""
+"""The code layout docs/ports.md describes: no import circle in fastinit (in any subpackage or
+across them), one canonical JSON helper, ported code in files named after the upstream ones."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+
+import pytest
 
 import fastinit
 
@@ -16,23 +18,22 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(package: str) -> dict[str, set[str]]:
-    """Module -> the modules of ``package`` it imports (at the top or inside a function)."""
-    files = {
-        _module_name(p): p
-        for p in (ROOT / package.removeprefix("fastinit.").replace(".", "/")).rglob("*.py")
-    }
+def _imports(package: str = "fastinit") -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports, at the top, under ``TYPE_CHECKING`` or
+    inside a function (``from a import b`` counts ``a.b`` where that is a module, else ``a``)."""
+    base = ROOT.joinpath(*package.split(".")[1:])
+    files = {_module_name(p): p for p in base.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in files}
     for name, path in files.items():
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    targets.append(sub if sub in files else node.module)
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            hit = next((t for t in targets if t in files and t != name), None)
-            if hit is not None:
-                graph[name].add(hit)
+            graph[name].update(t for t in targets if t in files and t != name)
     return graph
 
 
@@ -58,9 +59,28 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_circle_in_sharding() -> None:
-    graph = _imports("fastinit.sharding")
-    assert "fastinit.sharding.local" in graph["fastinit.sharding.sharders"]  # the scan sees imports
+_SUBPACKAGES = sorted(_module_name(p.parent) for p in ROOT.rglob("__init__.py") if p.parent != ROOT)
+
+
+def test_the_scan_sees_imports() -> None:
+    graph = _imports()
+    assert "fastinit.sharding.local" in graph["fastinit.sharding.sharders"]  # module level
+    assert "fastinit.sharding.mirror.embedding" in graph["fastinit.sharding.sharders"]  # 2nd name
+    assert "fastinit.warmup.precompile" in graph["fastinit.warmup.warmup"]  # inside a function
+    assert "fastinit.warmup.compile_cache" in graph["fastinit.warmup.warmup"]  # TYPE_CHECKING
+    assert "fastinit.plan.codec" in graph["fastinit.sharding.codec"]  # an old path's alias
+    assert {"fastinit.plan", "fastinit.warmup", "fastinit.sharding.mirror"} <= set(_SUBPACKAGES)
+
+
+@pytest.mark.parametrize("package", _SUBPACKAGES)
+def test_no_import_circle_in_subpackage(package: str) -> None:
+    graph = _imports(package)
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_no_import_circle_in_fastinit() -> None:
+    """None across subpackages either (``fastinit.plan`` -> ``fastinit.sharding`` only)."""
+    graph = _imports()
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 

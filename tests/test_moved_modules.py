@@ -1,5 +1,6 @@
 """Modules moved to ``fastinit.plan`` still import from their old ``fastinit.sharding`` paths, as
-the very same module objects (private names, monkeypatches and mocks included)."""
+the very same module objects (private names, monkeypatches and mocks included); names moved
+between modules are the same objects at the old place."""
 
 from __future__ import annotations
 
@@ -49,3 +50,16 @@ def test_a_monkeypatch_through_the_old_path_reaches_the_new(
 
     monkeypatch.setattr("fastinit.sharding.cache.STALE_TMP_SECONDS", 12345.0)
     assert fastinit.plan.cache.STALE_TMP_SECONDS == 12345.0
+
+
+def test_compile_config_is_one_class_at_every_path() -> None:
+    # moved to fastinit.warmup.targets (no import circle with the compile cache); the old names
+    # are the same objects
+    import fastinit.warmup
+    import fastinit.warmup.targets
+    import fastinit.warmup.warmup
+
+    for name in ("CompileConfig", "resolve_targets"):
+        new = getattr(fastinit.warmup.targets, name)
+        assert getattr(fastinit.warmup.warmup, name) is new
+        assert getattr(fastinit.warmup, name) is new

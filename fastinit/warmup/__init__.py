@@ -41,15 +41,14 @@ if TYPE_CHECKING:
     from fastinit.warmup.graph import GraphConfig, Stage, StageError, StageGraph
     from fastinit.warmup.prefetch import CompilerPrefetch, prefetch_compiler
     from fastinit.warmup.resume import load_checkpoint, resume_stage, save_checkpoint
+    from fastinit.warmup.targets import CompileConfig, resolve_targets
     from fastinit.warmup.warmup import (
-        CompileConfig,
         StateSnapshot,
         WarmupConfig,
         WarmupReport,
         compile_count,
         compile_modules,
         preserved_state,
-        resolve_targets,
         set_thread_device,
         swap_in_compiled,
         warm_up,
@@ -71,11 +70,10 @@ _EXPORTS: dict[str, str] = {
         ),
         "batch",
     ),
+    **dict.fromkeys(("CompileConfig", "resolve_targets"), "targets"),
     **dict.fromkeys(
         (
-            "CompileConfig",
             "StateSnapshot",
-            "resolve_targets",
             "set_thread_device",
             "WarmupConfig",
             "WarmupReport",

@@ -71,7 +71,7 @@ from fastinit import knobs
 if TYPE_CHECKING:
     from torch import nn
 
-    from fastinit.warmup.warmup import CompileConfig
+    from fastinit.warmup.targets import CompileConfig
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class CompileCache:
         :func:`fastinit.warmup.compile_modules` takes (paths in the unwrapped model, or modules),
         fingerprinted with the compile settings (backend, mode, fullgraph, dynamic dimension).
         """
-        from fastinit.warmup.warmup import resolve_targets
+        from fastinit.warmup.targets import resolve_targets
 
         modules = [module for _, module in resolve_targets(model, compile_config.targets)]
         extra = {

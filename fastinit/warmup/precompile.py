@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from fastinit.warmup.warmup import CompileConfig
+    from fastinit.warmup.targets import CompileConfig
 
 logger = logging.getLogger(__name__)
 

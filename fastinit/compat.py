@@ -62,7 +62,7 @@ _SETUP: tuple[str, ...] = (
     "torch.distributed._shard.sharded_tensor:"
     "ShardedTensor._init_from_local_shards_and_global_metadata",
     "torch.distributed._shard.sharded_tensor:TensorProperties",
-    # own-rank construction (fastinit/sharding/local.py, _torchrec_modules.py)
+    # own-rank construction (fastinit/sharding/local.py, _torchrec_modules.py, mirror/)
     "torch.distributed._shard.sharded_tensor:ShardedTensor._normalize_pg",
     "torch.distributed._shard.sharded_tensor:ShardedTensor._prepare_init",
     "torch.distributed._shard.sharded_tensor:ShardedTensor._post_init",

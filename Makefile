@@ -118,6 +118,7 @@ micro: $(STAMP)
 # v1.8.0-rc1 of TorchRec's repository for STACK=1.8, imported from the tree; for STACK=1.9 the
 # newest commit there, 376cac6, whose tests run against the installed 1.9.2 and its test
 # utilities: tools/peer/run.py); nothing is fetched. Output in peer-out/ (peer-out-1.9/).
+# PEER_ARGS="--mode stock,patched": the suite on a copy of TorchRec with patches/torchrec's series.
 TORCHREC_SRC ?= $(FASTINIT_TORCHREC_SRC)
 PEER_ARGS ?=
 PEER_FROM := $(if $(filter 1.8,$(STACK)),source,installed)

@@ -35,12 +35,14 @@ BENCH_ARGS ?=
 # The 1.9 lane: the start-up path end to end (setup/equivalence, seeding, protocol, planner
 # identity, warm-up, plan cache and its TorchRec protocol, compat, the port registry and the
 # ports compared with the installed release, nccl2-readiness) and the 1.9.2 patch series (its op
-# counts and equivalence on 1.9.2); the rest of the suite runs on the default stack.
+# counts and equivalence on 1.9.2) and the CPU vector-ISA record; the rest of the suite runs on
+# the default stack.
 STACK_TESTS_1.9 := tests/test_setup.py tests/test_seeding.py tests/test_protocol.py \
   tests/test_planner.py tests/test_warmup.py tests/test_warmup_api.py tests/test_plan_cache.py \
   tests/test_plan_cache_protocol.py tests/test_compat.py tests/test_fingerprint.py \
   tests/test_import.py tests/test_ports.py tests/test_installed_release.py \
-  tests/test_nccl_ready.py tests/test_table_errors.py tests/test_patches.py
+  tests/test_nccl_ready.py tests/test_table_errors.py tests/test_patches.py \
+  tests/test_vec_isa.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

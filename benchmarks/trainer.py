@@ -458,6 +458,7 @@ class _Trainer:
             self.info["compile_cache"] = restored.status
             self.info["compile_cache_restore_s"] = restored.seconds
             self.info["precompiled_found"] = restored.precompiled
+            self.info["vec_isa"] = restored.vec_isa
         if compile_config is not None and self.config.compile_in_background:
             self.info["warmup"] = "background"
             background = dataclasses.replace(compile_config, precompile=True, background=True)
@@ -496,9 +497,11 @@ class _Trainer:
         """fastinit: the compile stack's one-off process costs, on a stage thread."""
         from fastinit.warmup import prefetch_compiler
 
-        done = prefetch_compiler(cpu_inductor=device.type == "cpu")
+        root = os.path.join(self.config.cache_dir, "compile") if self.config.cache_dir else None
+        done = prefetch_compiler(cpu_inductor=device.type == "cpu", compile_cache=root)
         done.wait()
         self.info["compile_prefetch_s"] = done.seconds
+        self.info["vec_isa_prefetch"] = done.vec_isa_record
         if done.error is not None:
             self.info["compile_prefetch_error"] = done.error
 

@@ -19,6 +19,7 @@ __all__ = [
     "get_collective_timeout",
     "get_torchrec_src",
     "get_port_check",
+    "get_vec_isa_record",
     "override",
 ]
 
@@ -35,6 +36,9 @@ KNOBS: dict[str, str] = {
     "FASTINIT_PORT_CHECK": "What a TorchRec/torch function fastinit mirrors whose installed source "
     "matches no registered hash (fastinit/ports.py) does: `error` (default: a "
     "`CompatibilityError` naming it), `warn` (one warning, then run anyway) or `off`.",
+    "FASTINIT_VEC_ISA_RECORD": "`off` stops `fastinit.warmup` from keeping Inductor's CPU "
+    "vector-ISA probe result in the compile cache's root (default `on`: a warm restart answers "
+    "the probe from that record instead of compiling and loading test libraries).",
 }
 
 
@@ -69,6 +73,14 @@ def get_port_check() -> str:
     if value not in ("error", "warn", "off"):
         raise ValueError(f"FASTINIT_PORT_CHECK must be error, warn or off, got {value!r}")
     return value
+
+
+def get_vec_isa_record() -> bool:
+    """Whether the CPU vector-ISA record is used (``FASTINIT_VEC_ISA_RECORD``: ``on``/``off``)."""
+    value = (_get("FASTINIT_VEC_ISA_RECORD") or "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"FASTINIT_VEC_ISA_RECORD must be on or off, got {value!r}")
+    return value == "on"
 
 
 #: The longest ``FASTINIT_COLLECTIVE_TIMEOUT`` accepted: one day. A start-up collective that may

@@ -131,6 +131,10 @@ class CacheRestore:
     read_only: bool = False
     """The entry could not be written (a read-only mount): Inductor worked on a private copy of
     its directory, and :meth:`CompileCache.save` writes nothing."""
+    vec_isa: str = ""
+    """On CPU: how Inductor's CPU vector-ISA list was filled (:func:`fastinit.warmup.vec_isa.
+    restore_vec_isa`): "recorded" (from the root's record, no probe), "probed", "probed-unsaved"
+    or "skipped"; "" when not attempted."""
 
 
 def module_fingerprint(
@@ -299,6 +303,11 @@ class CompileCache:
         }
 
     @property
+    def root(self) -> str | None:
+        """The cache's root directory (None when off); entries are its subdirectories."""
+        return None if self.path is None else os.path.dirname(self.path)
+
+    @property
     def enabled(self) -> bool:
         """A cache directory is configured."""
         return self.path is not None
@@ -366,6 +375,13 @@ class CompileCache:
                 self._saved_env = os.environ.get(_ENV)
                 self._env_set = True
             os.environ[_ENV] = active
+        vec_isa = ""
+        if self.config.device == "cpu":
+            # Before the first artifact is loaded (its kernels ask Inductor for the vector ISA),
+            # with Inductor pointed at the entry: a probe builds its test libraries there.
+            from fastinit.warmup.vec_isa import restore_vec_isa
+
+            vec_isa = restore_vec_isa(root, write=_writable(root)).status
         loaded = False
         corrupt = False
         if self.config.mega_cache and not warm:
@@ -384,6 +400,7 @@ class CompileCache:
             inductor_warm=warm,
             read_only=self.read_only,
             precompiled=len(self._precompiled),
+            vec_isa=vec_isa,
         )
 
     # -- precompiled targets -------------------------------------------------------------------

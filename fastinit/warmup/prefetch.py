@@ -43,6 +43,8 @@ class CompilerPrefetch:
     """The modules of :data:`PREFETCH_MODULES` that imported."""
     vec_isa: str | None = None
     """The CPU vector ISA Inductor picked (None: not probed)."""
+    vec_isa_record: str = ""
+    """How the ISA list was filled (:func:`fastinit.warmup.vec_isa.restore_vec_isa`'s status)."""
     error: str | None = None
     """Why a step failed (the prefetch is best effort: the compile does it again if needed)."""
 
@@ -52,7 +54,9 @@ class CompilerPrefetch:
         return not self.thread.is_alive()
 
 
-def prefetch_compiler(*, cpu_inductor: bool = True) -> CompilerPrefetch:
+def prefetch_compiler(
+    *, cpu_inductor: bool = True, compile_cache: str | None = None
+) -> CompilerPrefetch:
     """Start importing the compile stack (and, with ``cpu_inductor``, probing the CPU vector ISA
     Inductor's CPU kernels use) on a daemon thread; returns at once.
 
@@ -62,7 +66,14 @@ def prefetch_compiler(*, cpu_inductor: bool = True) -> CompilerPrefetch:
     correctness (Python's import locks serialise a module's import) but keeps the two threads
     from importing the same package at once, which packages with import cycles do not always
     survive.
+
+    ``compile_cache`` (default: ``FASTINIT_COMPILE_CACHE``) is the compile cache's root: with
+    ``cpu_inductor``, the ISA probe's recorded result there answers it on a warm restart, and a
+    probe run here records it (:mod:`fastinit.warmup.vec_isa`).
     """
+    from fastinit import knobs
+
+    root = compile_cache if compile_cache is not None else knobs.get_compile_cache()
     holder: list[CompilerPrefetch] = []
 
     def run() -> None:
@@ -85,6 +96,9 @@ def prefetch_compiler(*, cpu_inductor: bool = True) -> CompilerPrefetch:
             if cpu_inductor:
                 from torch._inductor import cpu_vec_isa
 
+                from fastinit.warmup.vec_isa import restore_vec_isa
+
+                out.vec_isa_record = restore_vec_isa(root).status
                 out.vec_isa = str(cpu_vec_isa.pick_vec_isa())
         except Exception as e:  # noqa: BLE001 - best effort; the compile path reports its own
             out.error = f"{type(e).__name__}: {e}"

@@ -1,0 +1,254 @@
+"""Inductor's CPU vector-ISA probe, recorded once per host and toolchain in the compile cache.
+
+Before its first CPU kernel, Inductor decides which vector ISAs it may generate code for
+(``torch._inductor.cpu_vec_isa.valid_vec_isa_list``, cached for the process): for every ISA the
+CPU's flags allow (on x86: AVX-512 with VNNI, AVX-512, AVX2) it compiles a small test library into
+its cache directory and ``dlopen`` s it in a child Python, and for some ISAs it also compiles and
+loads a second, intrinsics-only test (AVX-512 BF16, VNNI). torch 2.13 runs every child at every
+process start (about 1 s each for the tests that link ``libtorch_cpu``); torch 2.14 skips the child
+when its cache directory holds a ``.load_ok`` marker from an earlier run.
+
+:func:`restore_vec_isa` keeps that answer in the compile cache's root (``vec-isa-<key>.json``),
+keyed by everything that decides it: the torch version and install, the Python executable that
+runs the probe child, ``sys.platform``, ``platform.machine()``, the CPU flags Inductor reads, the
+C++ compiler Inductor would use (its resolved path, size and modification time) and the Inductor
+settings and environment that reach the test build and load. The first job probes as Inductor
+always does and writes the record; a later job whose key matches, and whose record says every ISA
+the flags allow passed, computes Inductor's list with ``torch._inductor.config.cpp.vec_isa_ok``
+set to True for that one call (restored at once): the base probes are answered "passed" — what the
+first job's probes answered — and Inductor's process-wide cache holds the same list a probe would
+have produced. The intrinsics-only tests still run for real (Inductor runs them whatever the
+setting), so their results are this host's own.
+
+A record that does not match is not used (the job probes and writes its own); a corrupt one (or
+one another user owns, or that others may write) is ignored with a warning, and the job probes. A
+record where some ISA failed is never used: the job probes, as without a record.
+``FASTINIT_VEC_ISA_RECORD=off`` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from fastinit import knobs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VecIsaRestore", "restore_vec_isa", "vec_isa_key"]
+
+_FORMAT = 1
+_PREFIX = "vec-isa-"
+#: Environment variables that reach the probe's test build or its ``dlopen``.
+_ENV = (
+    "LD_LIBRARY_PATH",
+    "TORCHINDUCTOR_DEBUG_COMPILE",
+    "TORCHINDUCTOR_DEBUG_SYMBOL",
+    "OMP_PREFIX",
+    "CONDA_PREFIX",
+    "TORCH_INDUCTOR_INSTALL_GXX",
+)
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(slots=True)
+class VecIsaRestore:
+    """What :func:`restore_vec_isa` did."""
+
+    status: str
+    """"recorded" (the record answered the base probes), "probed" (probed; the record written),
+    "probed-unsaved" (probed; the record could not be written), or "skipped" (see ``reason``)."""
+    isas: list[str] = dataclasses.field(default_factory=list)
+    """Inductor's valid ISAs, as it names them (empty when skipped)."""
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def _compiler() -> dict[str, Any] | None:
+    """The C++ compiler Inductor's search would pick (``config.cpp.cxx``), identified by its
+    resolved path, size and modification time; None when it cannot be told without running it."""
+    from torch._inductor import config
+
+    search = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+    for cxx in search:
+        if cxx is None:
+            if os.getenv("TORCH_INDUCTOR_INSTALL_GXX"):
+                return None  # Inductor may install a compiler: not ours to predict
+            continue
+        found = shutil.which(str(cxx))
+        if found is None:
+            continue
+        real = os.path.realpath(found)
+        st = os.stat(real)
+        return {
+            "search": [str(c) for c in search],
+            "path": found,
+            "real": real,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+        }
+    return None
+
+
+def vec_isa_key() -> dict[str, Any] | None:
+    """Everything that decides Inductor's ISA probe here, or None where the record does not apply
+    (not Linux on x86, no compiler found, Inductor configured to skip or fake the probe)."""
+    import torch
+    from torch._inductor import config, cpu_vec_isa
+
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    if config.is_fbcode() or config.cpp.vec_isa_ok is not None:
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    cpu = torch.cpu
+    return {
+        "format": _FORMAT,
+        "torch": torch.__version__,
+        "torch_dir": os.path.dirname(os.path.abspath(torch.__file__)),
+        "python": sys.executable,
+        "platform": sys.platform,
+        "machine": platform.machine(),
+        "cpu": list(cpu_vec_isa.x86_isa_checker()),
+        "avx512_bf16": bool(cpu._is_avx512_bf16_supported()),
+        "amx_fp16": bool(getattr(cpu, "_is_amx_fp16_supported", lambda: False)()),
+        "compiler": compiler,
+        "config": {
+            name: getattr(config.cpp, name, None)
+            for name in (
+                "march",
+                "enable_unsafe_math_opt_flag",
+                "enable_floating_point_contract_flag",
+            )
+        },
+        "env": {name: os.environ.get(name) for name in _ENV},
+    }
+
+
+def _allowed(cpu_flags: list[str]) -> list[str]:
+    """The ISAs Inductor probes for these CPU flags, in its order."""
+    from torch._inductor import cpu_vec_isa
+
+    return [
+        str(isa)
+        for isa in cpu_vec_isa.supported_vec_isa_list
+        if all(flag in cpu_flags for flag in str(isa).split())
+    ]
+
+
+def _untrusted(path: str) -> str | None:
+    from fastinit.warmup.compile_cache import _untrusted
+
+    return _untrusted(path)
+
+
+def _read(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The record at ``path`` if it is for ``key``; None if absent or for another key.
+
+    Raises:
+        ValueError: corrupt, not a regular file, or not trusted.
+    """
+    import stat
+
+    if not os.path.lexists(path):
+        return None
+    why = _untrusted(path)
+    if why is not None:
+        raise ValueError(why)
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise ValueError("not a regular file")
+    with open(path, "rb") as f:
+        record = json.loads(f.read())
+    if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+        raise ValueError("no key")
+    for field in ("allowed", "passed"):
+        value = record.get(field)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{field} is not a list of names")
+    if record["key"] != key:
+        return None
+    return record
+
+
+def _record_path(root: str, key: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return os.path.join(root, f"{_PREFIX}{digest[:32]}.json")
+
+
+def restore_vec_isa(root: str | None, *, write: bool = True) -> VecIsaRestore:
+    """Fill Inductor's process-wide list of valid CPU vector ISAs, from the record in the compile
+    cache ``root`` when one matches (see the module docstring), else by Inductor's own probe
+    (then writing the record, unless ``write`` is False). Never raises (a failure is "skipped"
+    and Inductor probes when it needs to). Call it before the first CPU kernel is compiled or
+    loaded; once the list is computed in this process, it is "skipped"."""
+    start = time.perf_counter()
+    with _LOCK:
+        try:
+            out = _restore(root, write)
+        except Exception as e:  # noqa: BLE001 - best effort: Inductor probes on its own
+            out = VecIsaRestore(status="skipped", reason=f"{type(e).__name__}: {e}")
+    out.seconds = time.perf_counter() - start
+    logger.info(
+        "fastinit: CPU vector ISAs %s (%s%s, %.2fs)",
+        out.isas,
+        out.status,
+        f": {out.reason}" if out.reason else "",
+        out.seconds,
+    )
+    return out
+
+
+def _restore(root: str | None, write: bool) -> VecIsaRestore:
+    if root is None:
+        return VecIsaRestore(status="skipped", reason="no compile cache")
+    if not knobs.get_vec_isa_record():
+        return VecIsaRestore(status="skipped", reason="FASTINIT_VEC_ISA_RECORD=off")
+    from torch._inductor import config, cpu_vec_isa
+
+    if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+        return VecIsaRestore(status="skipped", reason="already known in this process")
+    key = vec_isa_key()
+    if key is None:
+        return VecIsaRestore(status="skipped", reason="not applicable here")
+    allowed = _allowed(key["cpu"])
+    path = _record_path(root, key)
+    try:
+        record = _read(path, key)
+    except (OSError, ValueError, TypeError) as e:
+        warnings.warn(
+            f"fastinit: ignoring corrupt CPU vector-ISA record {path} ({type(e).__name__}: {e}); "
+            "Inductor probes the ISAs",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        record = None
+    if record is not None and record["allowed"] == allowed and record["passed"] == allowed:
+        with config.patch({"cpp.vec_isa_ok": True}):
+            isas = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+        # The tests Inductor runs whatever the setting ran for real: a failure there (that the
+        # key did not foresee) shows here, and the list holds what they answered.
+        reason = "" if isas == allowed else f"recorded {allowed}, the tests run now passed {isas}"
+        return VecIsaRestore(status="recorded", isas=isas, reason=reason)
+    isas = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+    if not write:
+        return VecIsaRestore(status="probed-unsaved", isas=isas, reason="read-only cache")
+    data = {"key": key, "allowed": allowed, "passed": isas, "created": time.time()}
+    try:
+        from fastinit.warmup.compile_cache import _atomic_write
+
+        _atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
+    except OSError as e:
+        return VecIsaRestore(status="probed-unsaved", isas=isas, reason=f"{type(e).__name__}: {e}")
+    return VecIsaRestore(status="probed", isas=isas)

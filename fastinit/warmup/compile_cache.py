@@ -21,6 +21,10 @@ Files are written atomically (temporary file + ``os.replace``); ``meta.json`` is
 holds the artifacts' SHA-256, so a torn or corrupt entry is detected, ignored with a warning and
 replaced by the next save. Concurrent writers with the same key write identical content.
 
+On CPU, :meth:`CompileCache.restore` also answers Inductor's CPU vector-ISA probe from a record
+in the cache root (``vec-isa-<key>.json``, written by the first job that probed; see
+:mod:`fastinit.warmup.vec_isa`), so a warm restart does not compile and load test libraries.
+
 **The cache is code.** What it holds is compiled code (C++/Triton kernels, Python wrappers) that
 the next job loads and runs. Only the job's own user may be able to write the directory: entries
 are created owner-only (directories 0o700, files 0o600), and an entry (or root) that another user

@@ -3,7 +3,8 @@
 The first ``torch.compile`` of a process imports Inductor (``torch._inductor.compile_fx`` and
 about 590 modules behind it, a few seconds of CPU), and on CPU the first Inductor kernel it runs
 or loads probes the host's vector ISA (``torch._inductor.cpu_vec_isa.pick_vec_isa``: compile a
-test library, ``dlopen`` it in a child Python, under a file lock the ranks of a host share);
+test library, ``dlopen`` it in a child Python, under a file lock the ranks of a host share;
+answered from the compile cache's record on a warm restart: :mod:`fastinit.warmup.vec_isa`);
 the first ``torch.fx`` symbolic trace (TorchRec's train pipeline traces the model at its first
 batch) builds ``torch.overrides``' table of overridable functions. None of these depends on the model, the batch or any state the job trains, and all are cached for the
 rest of the process. :func:`prefetch_compiler` starts them on a daemon thread; a later

@@ -185,3 +185,12 @@ def test_a_corrupt_record_warns_and_probes(
     assert len(job["warnings"]) == 1 and "corrupt" in job["warnings"][0], job
     with open(path) as f:
         assert json.load(f)["passed"] == first["isas"]
+
+
+def test_a_mistyped_knob_is_an_error_naming_it(tmp_path: Any) -> None:
+    from fastinit import knobs
+    from fastinit.warmup.vec_isa import restore_vec_isa
+
+    with knobs.override(FASTINIT_VEC_ISA_RECORD="of"), pytest.raises(ValueError) as info:
+        restore_vec_isa(str(tmp_path))
+    assert "FASTINIT_VEC_ISA_RECORD" in str(info.value) and "'of'" in str(info.value)

@@ -38,8 +38,9 @@ a private temporary directory that Inductor uses instead (removed by :meth:`Comp
 :meth:`CompileCache.save` writes nothing (one warning when the entry did not serve the compile).
 A read-only root without this job's entry is a miss with one warning.
 
-**Hit means used.** :meth:`CompileCache.restore` never raises (an unusable root or entry is a
-logged miss) and cannot know yet whether the entry will serve the compile; it returns a
+**Hit means used.** :meth:`CompileCache.restore` never raises for what it finds (an unusable
+root or entry is a logged miss; only a mistyped ``FASTINIT_VEC_ISA_RECORD`` is a ``ValueError``,
+as every knob's typo is) and cannot know yet whether the entry will serve the compile; it returns a
 :class:`CacheRestore` with status "pending" when something was restored. After the first compiled
 step, :meth:`CompileCache.confirm` (also called on ``__exit__``) sets it to "hit" only if Inductor
 actually served compiled graphs from the cache (its FX-graph cache hit counter grew), else "miss".

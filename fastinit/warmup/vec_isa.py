@@ -190,13 +190,19 @@ def _record_path(root: str, key: dict[str, Any]) -> str:
 def restore_vec_isa(root: str | None, *, write: bool = True) -> VecIsaRestore:
     """Fill Inductor's process-wide list of valid CPU vector ISAs, from the record in the compile
     cache ``root`` when one matches (see the module docstring), else by Inductor's own probe
-    (then writing the record, unless ``write`` is False). Never raises (a failure is "skipped"
-    and Inductor probes when it needs to). Call it before the first CPU kernel is compiled or
-    loaded; once the list is computed in this process, it is "skipped"."""
+    (then writing the record, unless ``write`` is False). A failure is "skipped" (Inductor
+    probes when it needs to). Call it before the first CPU kernel is compiled or loaded; once the
+    list is computed in this process, it is "skipped".
+
+    Raises:
+        ValueError: ``FASTINIT_VEC_ISA_RECORD`` is neither ``on`` nor ``off`` (a typo in a knob
+            is an error, as for every knob; nothing else raises).
+    """
     start = time.perf_counter()
+    use_record = knobs.get_vec_isa_record()
     with _LOCK:
         try:
-            out = _restore(root, write)
+            out = _restore(root, write, use_record)
         except Exception as e:  # noqa: BLE001 - best effort: Inductor probes on its own
             out = VecIsaRestore(status="skipped", reason=f"{type(e).__name__}: {e}")
     out.seconds = time.perf_counter() - start
@@ -210,10 +216,10 @@ def restore_vec_isa(root: str | None, *, write: bool = True) -> VecIsaRestore:
     return out
 
 
-def _restore(root: str | None, write: bool) -> VecIsaRestore:
+def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
     if root is None:
         return VecIsaRestore(status="skipped", reason="no compile cache")
-    if not knobs.get_vec_isa_record():
+    if not use_record:
         return VecIsaRestore(status="skipped", reason="FASTINIT_VEC_ISA_RECORD=off")
     from torch._inductor import config, cpu_vec_isa
 

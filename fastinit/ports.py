@@ -395,8 +395,6 @@ def _indent(line: str) -> int:
 
 def _block_end(lines: list[str], first: int) -> int:
     """The index just past the statement (a decorated ``def``/``class``) starting at ``first``."""
-    import ast
-
     indent = _indent(lines[first])
     decorated = lines[first].lstrip().startswith("@")  # the def/class line is still to come
     for j in range(first + 1, len(lines)):
@@ -409,8 +407,11 @@ def _block_end(lines: list[str], first: int) -> int:
             if stripped.startswith(("@", "def ", "async def ", "class ")):
                 continue
         try:
-            # under an "if" rather than dedented: a string's lines may sit left of the code
-            ast.parse(("if 1:\n" if indent else "") + "".join(lines[first:j]))
+            # under an "if" rather than dedented: a string's lines may sit left of the code.
+            # Compiled, not ast.parse'd: the same syntax check without a Python object per
+            # node (setup runs this for every mirrored function; those trees were enough
+            # allocation to set off a full garbage collection of the caller's heap).
+            compile(("if 1:\n" if indent else "") + "".join(lines[first:j]), "<port>", "exec")
         except SyntaxError:
             continue  # the line is inside a string or brackets: the block goes on
         return _trim(lines, first, j)
@@ -599,6 +600,8 @@ def check(component: str = "setup") -> None:
     from fastinit import knobs
 
     mode = knobs.get_port_check()
+    if component == "sharders":
+        component = "setup"  # the same mirrored functions (``_ports``): checked once for both
     if mode == "off" or component in _checked:
         return
     with _lock:

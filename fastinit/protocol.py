@@ -368,11 +368,14 @@ class Channel:
         padded = data + b"\0" * (size - len(data))
         with self._on_device():
             mine = self._tensor(padded)
-            out = [torch.empty_like(mine) for _ in range(self.world_size)]
-            work = dist.all_gather(out, mine, group=self.pg, async_op=True)
+            # every rank's bytes land in one buffer, read back at once: one copy and one bytes
+            # object per rank, not a tensor, a host copy and an array per rank
+            flat = torch.empty((self.world_size, size), dtype=mine.dtype, device=mine.device)
+            work = dist.all_gather(list(flat.unbind(0)), mine, group=self.pg, async_op=True)
             self._count(what, size)
             self._wait(work, what)
-            return [bytes(t.cpu().numpy()) for t in out]
+            data = flat.cpu().numpy().tobytes()
+            return [data[r * size : (r + 1) * size] for r in range(self.world_size)]
 
     def broadcast_bytes(self, data: bytes | None, size: int, src: int, what: str) -> bytes:
         """``data`` of group rank ``src`` (``size`` bytes) on every rank."""

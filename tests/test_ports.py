@@ -81,6 +81,35 @@ def test_a_changed_hash_is_an_error_naming_the_function(monkeypatch: Any) -> Non
         ports.check("setup")
 
 
+def test_setup_and_sharders_share_one_check(monkeypatch: Any) -> None:
+    # the same mirrored functions (``_ports``): their sources are read and hashed once
+    assert ports._ports("sharders") == ports._ports("setup")
+    calls: list[str | None] = []
+    monkeypatch.setattr(ports, "mismatches", lambda component=None: calls.append(component) or [])
+    monkeypatch.setattr(ports, "_checked", set())
+    ports.check("setup")
+    ports.check("sharders")
+    assert calls == ["setup"]
+    monkeypatch.setattr(ports, "_checked", set())
+    ports.check("sharders")
+    ports.check("setup")
+    assert calls == ["setup", "setup"]
+
+
+def test_block_end_keeps_strings_and_brackets_that_sit_left() -> None:
+    # a line at or left of the block's indent inside a string or brackets does not end it
+    lines = [
+        "    def f(x):\n",
+        '        s = """\n',
+        "text at column 0\n",
+        '    """\n',
+        "        return (x,\n",
+        "    1)\n",
+        "    y = 2\n",
+    ]
+    assert ports._block_end(lines, 0) == 6
+
+
 def test_compat_require_runs_the_port_check(monkeypatch: Any) -> None:
     calls: list[str] = []
     monkeypatch.setattr(ports, "check", calls.append)

@@ -312,14 +312,20 @@ def measure_rank(
     device = torch.device("cpu")
     import gc
 
-    collecting = [0.0, 0.0, 0]  # start, total seconds, full collections
+    collecting = [0.0, 0.0, 0, 0.0]  # start, total seconds, full collections, their seconds
+    # what a full collection walks: every object the collector tracks (the user's explicit
+    # plan included), counted outside the timing
+    heap_objects = len(gc.get_objects())
 
     def on_gc(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             collecting[0] = time.perf_counter()
         else:
-            collecting[1] += time.perf_counter() - collecting[0]
-            collecting[2] += info["generation"] == 2
+            took = time.perf_counter() - collecting[0]
+            collecting[1] += took
+            if info["generation"] == 2:
+                collecting[2] += 1
+                collecting[3] += took
 
     gc.callbacks.append(on_gc)
     if mode in ("fastinit", "explicit"):
@@ -346,6 +352,8 @@ def measure_rank(
     return {
         "gc_s": collecting[1],
         "gc_full": collecting[2],
+        "gc_full_s": collecting[3],
+        "heap_objects": heap_objects,
         "world_size": n,
         "mode": mode,
         "setup_s": setup_s,
@@ -419,6 +427,7 @@ def run(config: ScaleConfig) -> dict[str, Any]:
                     got = dict(samples[len(samples) // 2])  # the median run
                     got["samples_s"] = [r["setup_s"] for r in samples]
                     got["samples_gc_s"] = [r["gc_s"] for r in samples]
+                    got["samples_gc_full"] = [r["gc_full"] for r in samples]
                 if "error" in got:
                     errors.append({"world_size": n, "mode": mode, "error": got["error"]})
                     print(f"{n:>6} {mode:<8} failed: {got['error']}", flush=True)
@@ -488,9 +497,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"## Per-rank setup at scale ({result['model']} model, {result['plan']} plan)\n",
         result["notes"] + "\n",
         "| ranks | fastinit s | fastinit runs s | of which GC s | fastinit peak RSS MB "
-        "| plan bytes | explicit plan: fastinit s | explicit runs s | TorchRec's plan s "
-        "| fastinit (EBC part) s | stock (EBC part) s | stock peak RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| plan bytes | explicit plan: fastinit s | explicit runs s | of which GC s "
+        "| TorchRec's plan s | fastinit (EBC part) s | stock (EBC part) s | stock peak RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
@@ -502,11 +511,12 @@ def format_table(result: dict[str, Any]) -> str:
         runs = "/".join(f"{v:.2f}" for v in f.get("samples_s", [])) if f else "—"
         gcs = "/".join(f"{v:.2f}" for v in f.get("samples_gc_s", [])) if f else "—"
         xruns = "/".join(f"{v:.2f}" for v in x.get("samples_s", [])) if x else "—"
+        xgcs = "/".join(f"{v:.2f}" for v in x.get("samples_gc_s", [])) if x else "—"
         lines.append(
             f"| {n} | {cell(f, 'setup_s', '.2f')} | {runs or '—'} | {gcs or '—'} "
             f"| {cell(f, 'peak_rss_mb', '.0f')} "
             f"| {cell(f, 'plan_bytes', 'd')} | {cell(x, 'setup_s', '.2f')} | {xruns or '—'} "
-            f"| {cell(x, 'torchrec_plan_s', '.2f')} | {cell(e, 'setup_s', '.2f')} "
+            f"| {xgcs or '—'} | {cell(x, 'torchrec_plan_s', '.2f')} | {cell(e, 'setup_s', '.2f')} "
             f"| {cell(s, 'setup_s', '.2f')} | {cell(s, 'peak_rss_mb', '.0f')} |"
         )
     for label, key in (

@@ -325,7 +325,16 @@ def test_fit_exponent_and_table() -> None:
             "plan": "p",
             "notes": "n",
             "details": [
-                dict(row, plan_bytes=10, samples_s=[0.9, 1.0, 1.2], samples_gc_s=[0, 0, 0.2])
+                dict(row, plan_bytes=10, samples_s=[0.9, 1.0, 1.2], samples_gc_s=[0, 0, 0.2]),
+                dict(
+                    row,
+                    mode="explicit",
+                    setup_s=1.5,
+                    plan_bytes=0,
+                    torchrec_plan_s=2.0,
+                    samples_s=[1.4, 1.5, 1.6],
+                    samples_gc_s=[0.1, 0.3, 0.5],
+                ),
             ],
             "same_as_stock": [],
             "errors": [],
@@ -333,6 +342,8 @@ def test_fit_exponent_and_table() -> None:
         }
     )
     assert "| 64 | 1.00 | 0.90/1.00/1.20 | 0.00/0.00/0.20 | 300 | 10 |" in text
+    # the explicit plan's runs and the garbage collector's share of each
+    assert "| 10 | 1.50 | 1.40/1.50/1.60 | 0.10/0.30/0.50 | 2.00 |" in text
 
 
 @pytest.mark.slow

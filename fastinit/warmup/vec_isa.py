@@ -42,6 +42,7 @@ import warnings
 from typing import Any
 
 from fastinit import knobs
+from fastinit.warmup._files import _atomic_write, _untrusted
 
 logger = logging.getLogger(__name__)
 
@@ -148,12 +149,6 @@ def _allowed(cpu_flags: list[str]) -> list[str]:
     ]
 
 
-def _untrusted(path: str) -> str | None:
-    from fastinit.warmup.compile_cache import _untrusted
-
-    return _untrusted(path)
-
-
 def _read(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     """The record at ``path`` if it is for ``key``; None if absent or for another key.
 
@@ -252,8 +247,6 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason="read-only cache")
     data = {"key": key, "allowed": allowed, "passed": isas, "created": time.time()}
     try:
-        from fastinit.warmup.compile_cache import _atomic_write
-
         _atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError as e:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason=f"{type(e).__name__}: {e}")

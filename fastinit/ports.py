@@ -80,7 +80,10 @@ _EN = "fastinit.sharding.mirror.planner.enumerators"
 _ES = "fastinit.sharding.mirror.planner.estimator.estimator"
 _SE = "fastinit.sharding.mirror.planner.shard_estimators"
 _TY = "fastinit.sharding.mirror.planner.types"
-_PL = "fastinit.sharding.planner"
+_PR = "fastinit.sharding.mirror.planner.proposers"
+_PA = "fastinit.sharding.mirror.planner.partitioners"
+_PM = "fastinit.sharding.mirror.planner.perf_models"
+_PL = "fastinit.sharding.mirror.planner.planners"
 _K = "fastinit.sharding.kernels"
 _L = "fastinit.sharding.local"
 _S = "fastinit.sharding.sharders"
@@ -116,43 +119,43 @@ PORTS: dict[str, Port] = {
     f"{_P}types:Shard": Port("planner", f"{_TY}._new_shard", "assumed"),
     f"{_P}types:Storage": Port("planner", f"{_TY}._new_storage", "assumed"),
     f"{_P}types:Perf": Port("planner", f"{_TY}._perf_from_fields", "assumed"),
-    f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PL}._GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PL}._GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PL}._GreedyReplay"),
-    f"{_P}proposers:UniformProposer.load": Port("planner", f"{_PL}._UniformReplay"),
-    f"{_P}proposers:UniformProposer.propose": Port("planner", f"{_PL}._UniformReplay"),
-    f"{_P}proposers:UniformProposer.feedback": Port("planner", f"{_PL}._UniformReplay"),
-    f"{_P}proposers:GridSearchProposer.load": Port("planner", f"{_PL}._GridReplay"),
-    f"{_P}proposers:GridSearchProposer.propose": Port("planner", f"{_PL}._GridReplay"),
-    f"{_P}proposers:GridSearchProposer.feedback": Port("planner", f"{_PL}._GridReplay"),
-    f"{_P}proposers:_sharding_option_score": Port("planner", f"{_PL}._score"),
-    f"{_P}partitioners:GreedyPerfPartitioner.partition": Port("planner", f"{_PL}._Search"),
+    f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PR}._GreedyReplay"),
+    f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PR}._GreedyReplay"),
+    f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PR}._GreedyReplay"),
+    f"{_P}proposers:UniformProposer.load": Port("planner", f"{_PR}._UniformReplay"),
+    f"{_P}proposers:UniformProposer.propose": Port("planner", f"{_PR}._UniformReplay"),
+    f"{_P}proposers:UniformProposer.feedback": Port("planner", f"{_PR}._UniformReplay"),
+    f"{_P}proposers:GridSearchProposer.load": Port("planner", f"{_PR}._GridReplay"),
+    f"{_P}proposers:GridSearchProposer.propose": Port("planner", f"{_PR}._GridReplay"),
+    f"{_P}proposers:GridSearchProposer.feedback": Port("planner", f"{_PR}._GridReplay"),
+    f"{_P}proposers:_sharding_option_score": Port("planner", f"{_PR}._score"),
+    f"{_P}partitioners:GreedyPerfPartitioner.partition": Port("planner", f"{_PA}._Search"),
     f"{_P}partitioners:GreedyPerfPartitioner._establish_minheap": Port(
-        "planner", f"{_PL}._device_place"
+        "planner", f"{_PA}._device_place"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._device_partition": Port(
-        "planner", f"{_PL}._device_place"
+        "planner", f"{_PA}._device_place"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._column_wise_device_partition": Port(
-        "planner", f"{_PL}._Search._cw_kv_place"
+        "planner", f"{_PA}._Search._cw_kv_place"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._multi_hosts_partition": Port(
-        "planner", f"{_PL}._Hosts"
+        "planner", f"{_PA}._Hosts"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._cohost_partition": Port("planner", f"{_PL}._Hosts"),
+    f"{_P}partitioners:GreedyPerfPartitioner._cohost_partition": Port("planner", f"{_PA}._Hosts"),
     f"{_P}partitioners:GreedyPerfPartitioner._get_host_level_devices": Port(
-        "planner", f"{_PL}._Hosts"
+        "planner", f"{_PA}._Hosts"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._uniform_partition": Port(
-        "planner", f"{_PL}._Search.evaluate"
+        "planner", f"{_PA}._Search.evaluate"
     ),
-    f"{_P}partitioners:OrderedDeviceHardware.__lt__": Port("planner", f"{_PL}._device_place"),
-    f"{_P}partitioners:_sort_devices_by_perf": Port("planner", f"{_PL}._Hosts"),
+    f"{_P}partitioners:OrderedDeviceHardware.__lt__": Port("planner", f"{_PA}._device_place"),
+    f"{_P}partitioners:_sort_devices_by_perf": Port("planner", f"{_PA}._Hosts"),
     f"{_P}partitioners:_group_and_sort_non_uniform_sharding_options": Port(
-        "planner", f"{_PL}._Search.evaluate"
+        "planner", f"{_PA}._Search.evaluate"
     ),
-    f"{_P}partitioners:_get_uniform_sharding_options": Port("planner", f"{_PL}._Search.evaluate"),
-    f"{_P}perf_models:NoopPerfModel.rate": Port("planner", f"{_PL}._Search._rate"),
+    f"{_P}partitioners:_get_uniform_sharding_options": Port("planner", f"{_PA}._Search.evaluate"),
+    f"{_P}perf_models:NoopPerfModel.rate": Port("planner", f"{_PM}.noop_rate"),
     f"{_P}planners:EmbeddingShardingPlanner.__init__": Port("planner", f"{_PL}.FastPlanner"),
     f"{_P}planners:EmbeddingShardingPlanner.plan": Port(
         "planner", f"{_PL}.FastPlanner._fast_plan, ._finish, ._raise_no_plan"

@@ -96,17 +96,6 @@ def test_one_canonical_json_helper() -> None:
 
 # Ported code not (yet) in a file named after its upstream one, each with why (docs/ports.md).
 _NOT_IN_MIRROR: dict[str, str] = {
-    # fastinit/sharding/planner.py: being split into mirror/planner/{proposers,partitioners,
-    # planners}.py by other work (and NoopPerfModel.rate into mirror/planner/perf_models.py)
-    **dict.fromkeys(
-        (
-            "torchrec.distributed.planner.proposers",
-            "torchrec.distributed.planner.partitioners",
-            "torchrec.distributed.planner.perf_models",
-            "torchrec.distributed.planner.planners",
-        ),
-        "fastinit.sharding.planner.",
-    ),
     # method overrides of fastinit's subclasses of the upstream sharded modules and sharders
     # (fastinit/sharding/sharders.py): a few lines each, on classes that share sharders.py's
     # mixins; moved, they would be delegating stubs or the class hierarchy split in two
@@ -127,6 +116,7 @@ def test_ported_code_in_upstream_named_files() -> None:
 
     mirror = "fastinit.sharding.mirror."
     checked = 0
+    covered: set[str] = set()
     for key, port in ports.PORTS.items():
         upstream = key.split(":")[0]
         if not upstream.startswith("torchrec.distributed.") or port.how != "ported":
@@ -136,11 +126,16 @@ def test_ported_code_in_upstream_named_files() -> None:
         if exempt is not None and here.startswith(exempt):
             continue
         checked += 1
+        covered.add(upstream)
         assert here.startswith(mirror + upstream.removeprefix("torchrec.distributed.") + "."), (
             key,
             port.where,
         )
     assert checked >= 15  # the enumerator, estimators, shardings, fused optimizer, EC, env, ...
+    # the planner's proposers, partitioner, rating and planner are checked too (not exempt)
+    planner = {"proposers", "partitioners", "perf_models", "planners", "enumerators"}
+    missing = {f"torchrec.distributed.planner.{m}" for m in planner} - covered
+    assert not missing, sorted(missing)
 
 
 def test_port_locations_exist() -> None:

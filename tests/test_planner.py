@@ -36,6 +36,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from fastinit.sharding import FastPlanner
 from fastinit.sharding import planner as fast_planner_module
+from fastinit.sharding.mirror.planner import planners as fast_planner_search
 from fastinit.testing.models import plan_to_plain
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -359,7 +360,8 @@ def test_hash_collisions_do_not_merge_proposals(
             self._z = [7] * len(self._z)
             self._zc = [7] * len(self._zc)
 
-    monkeypatch.setattr(fast_planner_module, "_Stream", Colliding)
+    # patched where FastPlanner reads it (fastinit.sharding.planner only re-exports it)
+    monkeypatch.setattr(fast_planner_search, "_Stream", Colliding)
     kwargs: dict[str, Any] = {"timeout_seconds": timeout} if timeout else {}
     case = Case("collide", lambda: ebc(bag_tables(12)), 8, 4, "cpu", planner_kwargs=lambda: kwargs)
     fast, stock, planner = run_both(case)

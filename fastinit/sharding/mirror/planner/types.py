@@ -19,6 +19,14 @@ from torchrec.distributed.planner.types import (
     Storage,
 )
 
+# How the partitioner places an option (its ``partition_by``), as the search's option data
+# (``partitioners._Opt.kind``) holds it; column-wise key-value options have a kind of their own.
+_UNIFORM = 0
+_DEVICE = 1
+_HOST = 2
+_CW_KEY_VALUE = 3
+
+
 # ---- deep copies of sharding options, without copy.deepcopy's per-object overhead --------------
 
 

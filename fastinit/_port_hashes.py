@@ -138,9 +138,45 @@ HASHES: dict[str, dict[str, str]] = {
         "torchrec 1.8.0": "18fb7acbdce5c6b07c9e7f275e56366bd897e60dcca3f610eae288db7ba47eb7",
         "torchrec 1.9.2": "18fb7acbdce5c6b07c9e7f275e56366bd897e60dcca3f610eae288db7ba47eb7",
     },
+    "torchrec.distributed.planner.estimator.config:EmbeddingPerfEstimatorConfig": {
+        "torchrec 1.8.0": "f1c55035008525924637d219234c8bd91a3ccd780e662560c2c6d39c48df8bf9",
+        "torchrec 1.9.2": "f1c55035008525924637d219234c8bd91a3ccd780e662560c2c6d39c48df8bf9",
+    },
+    "torchrec.distributed.planner.estimator.estimator:ColumnWiseEvaluator": {
+        "torchrec 1.8.0": "853d434ed88456a3fda613c8e7b176912161b334cbb008611fdb4472420b1daf",
+        "torchrec 1.9.2": "853d434ed88456a3fda613c8e7b176912161b334cbb008611fdb4472420b1daf",
+    },
+    "torchrec.distributed.planner.estimator.estimator:DataParallelEvaluator": {
+        "torchrec 1.8.0": "7171ef9ae5915f2a10ca913402d87aeed53e13762aceb1fe0b5751137072111a",
+        "torchrec 1.9.2": "7171ef9ae5915f2a10ca913402d87aeed53e13762aceb1fe0b5751137072111a",
+    },
     "torchrec.distributed.planner.estimator.estimator:EmbeddingPerfEstimator.estimate": {
         "torchrec 1.8.0": "d837fc6bb33d02301f1c1e30afe6a88c20bd39f21a05cbfcd7e2788627c4daa9",
         "torchrec 1.9.2": "d837fc6bb33d02301f1c1e30afe6a88c20bd39f21a05cbfcd7e2788627c4daa9",
+    },
+    "torchrec.distributed.planner.estimator.estimator:EmbeddingShardingPerfEvaluator": {
+        "torchrec 1.8.0": "51d20eadde75969317e1c20ceaa24538022fe7bde4406b5a32b3eb01b53c7d59",
+        "torchrec 1.9.2": "51d20eadde75969317e1c20ceaa24538022fe7bde4406b5a32b3eb01b53c7d59",
+    },
+    "torchrec.distributed.planner.estimator.estimator:GridShardEvaluator": {
+        "torchrec 1.8.0": "4ee791a243bb3deafdfe552c467782a37868df8b0dbfe026a53407769f42481b",
+        "torchrec 1.9.2": "4ee791a243bb3deafdfe552c467782a37868df8b0dbfe026a53407769f42481b",
+    },
+    "torchrec.distributed.planner.estimator.estimator:RowWiseEvaluator": {
+        "torchrec 1.8.0": "7868561c2c1708bfe532cfcabeef677335e58a4bbb61b5ce141a69789b291c6f",
+        "torchrec 1.9.2": "7868561c2c1708bfe532cfcabeef677335e58a4bbb61b5ce141a69789b291c6f",
+    },
+    "torchrec.distributed.planner.estimator.estimator:TableColumnWiseEvaluator": {
+        "torchrec 1.8.0": "39312b48d0de9344c3929987655f472dc651154ae987bb35311d02b54a7896e5",
+        "torchrec 1.9.2": "39312b48d0de9344c3929987655f472dc651154ae987bb35311d02b54a7896e5",
+    },
+    "torchrec.distributed.planner.estimator.estimator:TableRowWiseEvaluator": {
+        "torchrec 1.8.0": "2c318823a164e99cc137bfe7ed01454baab5eb300ac6f29785d05044787a7f27",
+        "torchrec 1.9.2": "2c318823a164e99cc137bfe7ed01454baab5eb300ac6f29785d05044787a7f27",
+    },
+    "torchrec.distributed.planner.estimator.estimator:TableWiseEvaluator": {
+        "torchrec 1.8.0": "a2c1fb9a911532270d58971aab513e6b8e31f92e0fa8578a466ae83973d19392",
+        "torchrec 1.9.2": "a2c1fb9a911532270d58971aab513e6b8e31f92e0fa8578a466ae83973d19392",
     },
     "torchrec.distributed.planner.partitioners:GreedyPerfPartitioner._cohost_partition": {
         "torchrec 1.8.0": "cd66fa1222df5fc0548595833abdfed8170a462b2dd62417b49f84e97af8c301",

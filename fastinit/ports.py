@@ -112,6 +112,31 @@ PORTS: dict[str, Port] = {
     f"{_P}estimator.annotations:_get_annotated_method": Port(
         "planner", f"{_ES}._with_cached_dir", "assumed"
     ),
+    f"{_P}estimator.estimator:EmbeddingShardingPerfEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:TableWiseEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:RowWiseEvaluator": Port("planner", f"{_ES}._trial_fields", "assumed"),
+    f"{_P}estimator.estimator:TableRowWiseEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:DataParallelEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:ColumnWiseEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:TableColumnWiseEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.estimator:GridShardEvaluator": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
+    f"{_P}estimator.config:EmbeddingPerfEstimatorConfig": Port(
+        "planner", f"{_ES}._trial_fields", "assumed"
+    ),
     f"{_P}shard_estimators:EmbeddingStorageEstimator.estimate": Port(
         "planner", f"{_SE}.MemoStorageEstimator._storages"
     ),

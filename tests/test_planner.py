@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import math
 import re
 import subprocess
 import sys
@@ -563,6 +564,73 @@ def test_fast_enumerator_estimates_match_stock() -> None:
         assert not {id(s) for so in kept_a for s in so.shards} & {
             id(s) for so in a for s in so.shards
         }
+
+
+def test_perf_shared_across_hash_sizes_equals_stock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables of one shape but different row counts share a perf result where a trial with the
+    hash sizes probed shows they are not read (table-wise, column-wise, ...), and keep their own
+    where they are read (data-parallel reads the table size): every shard's perf is the stock
+    one, and equals the one computed without sharing."""
+    from fastinit.sharding.mirror.planner.estimator import estimator as est
+
+    # same dims and dtypes, distinct row counts (the benchmark model's shape)
+    tables = [
+        EmbeddingBagConfig(
+            name=f"h{i}",
+            embedding_dim=(16, 64)[i % 2],
+            num_embeddings=1000 + 7919 * i,
+            feature_names=[f"hf{i}"],
+            data_type=DataType.FP16 if i % 3 == 0 else DataType.FP32,
+        )
+        for i in range(12)
+    ]
+    module = ebc(tables)
+    for device, ws, lws in (("cpu", 8, 4), ("cuda", 16, 4)):
+        topo = Topology(world_size=ws, local_world_size=lws, compute_device=device)
+
+        def perfs(share: bool, topo: Topology = topo) -> tuple[list[Any], Any]:
+            monkeypatch.setattr(est.MemoPerfEstimator, "_any_hash_size", share)
+            enumerator = FastPlanner(topology=topo)._enumerator
+            space = enumerator.enumerate(module, get_default_sharders())
+            got = [(so.fqn, so.sharding_type, [s.perf for s in so.shards]) for so in space]
+            return got, enumerator._estimators[0]
+
+        shared, memo = perfs(True)
+        alone, _ = perfs(False)
+        stock_space = EmbeddingEnumerator(topology=topo, batch_size=512).enumerate(
+            module, get_default_sharders()
+        )
+        stock = [(so.fqn, so.sharding_type, [s.perf for s in so.shards]) for so in stock_space]
+        assert shared == alone == stock
+        assert memo._num_any_hash_hits > 0  # some contexts took a shared result
+        assert memo._num_any_hash_trials > 0
+
+
+def test_hash_size_probe_allows_only_a_product_with_zero() -> None:
+    from fastinit.sharding.mirror.planner.estimator import estimator as est
+
+    probe = est._PROBE
+    assert math.copysign(1.0, 0.0 * probe) == 1.0
+    assert math.copysign(1.0, probe * -0.0) == -1.0
+    uses: list[Callable[[], Any]] = [
+        lambda: 2.0 * probe,
+        lambda: 0 * probe,
+        lambda: probe + 0,
+        lambda: probe < 1,
+        lambda: min(probe, 3),
+        lambda: probe == probe,
+        lambda: hash(probe),
+        lambda: float(probe),
+        lambda: int(probe),
+        lambda: bool(probe),
+        lambda: f"{probe}",
+        lambda: probe.bit_length(),
+        lambda: math.ceil(probe),
+        lambda: -probe,
+    ]
+    for use in uses:
+        with pytest.raises(est._HashSizeRead):
+            use()
 
 
 def _search_parts(

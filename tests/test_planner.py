@@ -606,6 +606,37 @@ def test_perf_shared_across_hash_sizes_equals_stock(monkeypatch: pytest.MonkeyPa
         assert memo._num_any_hash_trials > 0
 
 
+def test_storage_memo_on_alike_tables_equals_stock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options with equal storage inputs (alike tables) share one computation, looked up by the
+    full key only once their sharding type, kernel and tensor were seen: every shard's storage
+    is the stock one, and fewer computations run than there are options."""
+    from fastinit.sharding.mirror.planner import shard_estimators as se
+
+    calls = 0
+    real = se.calculate_shard_storages
+
+    def counted(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(**kwargs)
+
+    monkeypatch.setattr(se, "calculate_shard_storages", counted)
+    module = ebc(_alike_tables(6) + bag_tables(4))
+    for device, ws, lws in (("cpu", 8, 4), ("cuda", 16, 4)):
+        topo = Topology(world_size=ws, local_world_size=lws, compute_device=device)
+        calls = 0
+        fast = FastPlanner(topology=topo)._enumerator.enumerate(module, get_default_sharders())
+        stock = EmbeddingEnumerator(topology=topo, batch_size=512).enumerate(
+            module, get_default_sharders()
+        )
+        assert [[s.storage for s in so.shards] for so in fast] == [
+            [s.storage for s in so.shards] for so in stock
+        ]
+        per_alike = sum(1 for so in fast if so.name == "a0")
+        # the first two alike tables are computed, the other four take the memo
+        assert calls == len(fast) - 4 * per_alike
+
+
 def test_hash_size_probe_allows_only_a_product_with_zero() -> None:
     from fastinit.sharding.mirror.planner.estimator import estimator as est
 

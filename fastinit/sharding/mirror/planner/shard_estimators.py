@@ -85,6 +85,9 @@ def _storage_key(kwargs: dict[str, Any]) -> Hashable | None:
     return tuple(parts)
 
 
+#: first element of the memo's "seen" entries (``MemoStorageEstimator._storages``)
+_HEAD = object()
+
 _STORAGE_ESTIMATE = (
     "torchrec.distributed.planner.shard_estimators:EmbeddingStorageEstimator.estimate"
 )
@@ -200,7 +203,24 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             "kv_cache_load_factor": kv_cache_load_factor,
             "use_virtual_table": use_virtual_table,
         }
-        key = _storage_key(kwargs)
+        # the full key costs more than most storages when every table differs: it is made only
+        # for an option whose sharding type, kernel and tensor shape were seen before in this
+        # call (the first such option is computed, not looked up: no result can be stored yet)
+        key: Hashable | None = None
+        try:
+            head = (
+                _HEAD,
+                kwargs["sharding_type"],
+                kwargs["compute_kernel"],
+                _tensor_key(kwargs["tensor"]),
+            )
+            seen = head in memo
+        except TypeError:
+            seen = True
+        if not seen:
+            memo[head] = []
+        else:
+            key = _storage_key(kwargs)
         storages = memo.get(key) if key is not None else None
         if storages is not None:
             return storages

@@ -70,6 +70,7 @@ __all__ = [
     "TrainerConfig",
     "process_start_time",
     "model_spec",
+    "unsharded_model",
     "main",
 ]
 
@@ -225,6 +226,15 @@ def model_spec(name: str) -> Any:
 
     ebc, ec, rows = MODELS[name]
     return ModelSpec(num_tables=ebc, num_ec_tables=ec, rows=rows, pooling=2.0)
+
+
+def unsharded_model(model: str = "small") -> Any:
+    """A reference model unsharded on the CPU, the factory ``fastinit publish`` takes for the
+    trainer's checkpoints: ``fastinit publish CKPT --out DIR --model
+    benchmarks.trainer:unsharded_model -a model=medium``."""
+    from fastinit.testing.models import build_model
+
+    return build_model(model_spec(model), device="cpu")
 
 
 class _Trainer:

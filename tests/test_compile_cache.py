@@ -300,6 +300,8 @@ def _precompile_job(cache_dir: str, swap: bool = False) -> dict[str, Any]:
         "status": restored.status,
         "saved": saved,
         "targets": {t.path: t.status for t in cache.precompiled_targets},
+        # Plain torch.compile (the fallback) is made only if a call needs it.
+        "fallbacks": {t.path: t.fallback.compiled.built for t in cache.precompiled_targets},
     }
 
 
@@ -337,11 +339,55 @@ def test_a_warm_restart_runs_the_precompiled_targets_without_tracing(
     # The next loads them: no Dynamo trace at all, and the same losses bit for bit.
     assert warm["found"] == 2 and warm["graphs"] == [0, 0, 0], warm
     assert (warm["status"], warm["served"]) == ("hit", 2), warm
+    assert warm["fallbacks"] == {"dense": False, "over": False}, warm
     assert warm["losses"] == first["losses"], (first["losses"], warm["losses"])
     # ``over``'s artifact named for ``dense`` too: its guards refuse it, dense is compiled anew.
     assert swapped["targets"] == {"dense": "compiled", "over": "hit"}, swapped
     assert swapped["graphs"][0] == 1 and swapped["served"] == 1, swapped
     assert swapped["losses"] == first["losses"]
+
+
+def _unsupported_job() -> dict[str, Any]:
+    """A precompile target with a graph break: plain torch.compile serves it (made then)."""
+    import torch
+    from torch import nn
+
+    from fastinit.warmup import CompileConfig, compile_modules
+
+    class Dense(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(13, 8)
+            self.b = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(h)
+
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.dense = Dense()
+    x = torch.randn(16, 13, generator=torch.Generator().manual_seed(1))
+    eager = model.dense(x)
+    compile_modules(model, CompileConfig(targets=("dense",), backend="eager", precompile=True))
+    target = model.dense.forward
+    built_before = target.fallback.compiled.built
+    out = model.dense(x)
+    return {
+        "equal": bool(torch.equal(out, eager)),
+        "status": target.status,
+        "fallback_calls": target.fallback_calls,
+        "built": (built_before, target.fallback.compiled.built),
+    }
+
+
+def test_a_target_that_cannot_be_precompiled_is_served_by_torch_compile() -> None:
+    from fastinit.testing.dist import run_ranks
+
+    got = run_ranks(_unsupported_job, 1, init_pg=False, timeout=240)[0]
+    assert got["status"] == "unsupported" and got["fallback_calls"] == 1, got
+    assert got["built"] == (False, True) and got["equal"], got
 
 
 def _background_job() -> dict[str, Any]:

@@ -36,11 +36,13 @@ def _isa_job(root: str, knob: str = "on") -> dict[str, Any]:
     from fastinit.warmup import CompileCache, CompileCacheConfig
 
     base: list[str] = []
+    tests: list[str] = []  # every test built (or found built) for real, base or intrinsics-only
     children: list[str] = []
     check_build = cpu_vec_isa.VecISA.check_build
     probe_load = cpu_vec_isa.VecISA._probe_load
 
     def counting_check_build(self: Any, code: str) -> bool:
+        tests.append(str(self))
         if code == cpu_vec_isa.VecISA._avx_code:
             base.append(str(self))
         return bool(check_build(self, code))
@@ -69,6 +71,7 @@ def _isa_job(root: str, knob: str = "on") -> dict[str, Any]:
         "isas": [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()],
         "base": base,
         "children": len(children),
+        "tests": len(tests),
         "base_after_restore": len(base) - at_restore,
         "picked": (str(picked), picked_ok),
         "warnings": [str(w.message) for w in caught if "vector-ISA" in str(w.message)],
@@ -117,6 +120,29 @@ def test_the_first_job_probes_and_records_every_isa_that_passed(
     with open(path) as f:
         record = json.load(f)
     assert record["passed"] == first["isas"] and record["allowed"] == first["allowed"]
+    # Every test Inductor ran is recorded, named by ISA, flags and source: the base test of each.
+    tested = [isa for (isa, _flags, _digest) in (c["id"] for c in record["checks"])]
+    assert set(tested) == set(first["allowed"]) and all(c["ok"] for c in record["checks"])
+
+
+def test_a_test_not_recorded_as_passed_runs_for_real(
+    probed: tuple[str, dict[str, Any]], tmp_path: Any
+) -> None:
+    """A record that holds a test as failed (or not at all) does not answer it: Inductor runs it,
+    and the list is what that test answers now."""
+    root, first = probed
+    copy = _copy_root(root, str(tmp_path / "cc"))
+    path = _record(copy)
+    with open(path) as f:
+        record = json.load(f)
+    record["checks"][0]["ok"] = False
+    record["checks"] = record["checks"][:-1] if len(record["checks"]) > 1 else record["checks"]
+    with open(path, "w") as f:
+        json.dump(record, f)
+    job = _job(copy)
+    assert job["status"] == "recorded", job
+    assert job["tests"] >= 1, job
+    assert job["isas"] == first["isas"] and job["picked"] == first["picked"], job
 
 
 def test_a_restart_with_a_matching_record_runs_no_base_probe(
@@ -125,8 +151,10 @@ def test_a_restart_with_a_matching_record_runs_no_base_probe(
     root, first = probed
     warm = _job(_copy_root(root, str(tmp_path / "cc")))
     assert warm["status"] == "recorded", warm
-    # Not one base probe (build + child) at restore or when code generation asks the ISA...
+    # Not one base probe (build + child) at restore or when code generation asks the ISA, and
+    # not one child at all (the intrinsics-only tests are answered from the record too)...
     assert warm["base"] == [] and warm["base_after_restore"] == 0, warm
+    assert warm["tests"] == 0 and warm["children"] == 0, warm
     # ...and the list, the pick and its answer are what the probing job got.
     assert warm["isas"] == first["isas"], (first, warm)
     assert warm["picked"] == first["picked"], (first, warm)

@@ -14,11 +14,14 @@ runs the probe child, ``sys.platform``, ``platform.machine()``, the CPU flags In
 C++ compiler Inductor would use (its resolved path, size and modification time) and the Inductor
 settings and environment that reach the test build and load. The first job probes as Inductor
 always does and writes the record; a later job whose key matches, and whose record says every ISA
-the flags allow passed, computes Inductor's list with ``torch._inductor.config.cpp.vec_isa_ok``
-set to True for that one call (restored at once): the base probes are answered "passed" — what the
-first job's probes answered — and Inductor's process-wide cache holds the same list a probe would
-have produced. The intrinsics-only tests still run for real (Inductor runs them whatever the
-setting), so their results are this host's own.
+the flags allow passed, answers every test Inductor runs while it computes its list (the base
+tests and the intrinsics-only ones, each named by the ISA, its compiler flags at the time and a
+hash of the test's source) with the first job's "passed": no test library is built and no child
+is started, and Inductor's process-wide cache holds the list (and the per-ISA details such as
+AVX-512 BF16 support, which decide the generated code's flags) a probe would have produced. A test
+the record does not hold as passed runs for real. The answers are given by an attribute set on
+Inductor's ISA objects for that one computation and removed at once; another thread asking one of
+those objects to build a test meanwhile gets the recorded answer.
 
 A record that does not match is not used (the job probes and writes its own); a corrupt one (or
 one another user owns, or that others may write) is ignored with a warning, and the job probes. A
@@ -28,7 +31,9 @@ record where some ISA failed is never used: the job probes, as without a record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -39,6 +44,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from fastinit import knobs
@@ -48,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["VecIsaRestore", "restore_vec_isa", "vec_isa_key"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: every test's outcome (base and intrinsics-only), not only the base ones
 _PREFIX = "vec-isa-"
 #: Environment variables that reach the probe's test build or its ``dlopen``.
 _ENV = (
@@ -172,6 +178,13 @@ def _read(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
         value = record.get(field)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{field} is not a list of names")
+    checks = record.get("checks")
+    if not isinstance(checks, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("id"), list) and len(c["id"]) == 3
+        and all(isinstance(v, str) for v in c["id"]) and isinstance(c.get("ok"), bool)
+        for c in checks
+    ):  # fmt: skip
+        raise ValueError("checks is not a list of tests")
     if record["key"] != key:
         return None
     return record
@@ -216,7 +229,7 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         return VecIsaRestore(status="skipped", reason="no compile cache")
     if not use_record:
         return VecIsaRestore(status="skipped", reason="FASTINIT_VEC_ISA_RECORD=off")
-    from torch._inductor import config, cpu_vec_isa
+    from torch._inductor import cpu_vec_isa
 
     if cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
         return VecIsaRestore(status="skipped", reason="already known in this process")
@@ -236,18 +249,67 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         )
         record = None
     if record is not None and record["allowed"] == allowed and record["passed"] == allowed:
-        with config.patch({"cpp.vec_isa_ok": True}):
+        passed = {_check_name(c) for c in record["checks"] if c["ok"]}
+
+        def replay(isa: Any, code: str, real: Any) -> bool:
+            return _check_id(isa, code) in passed or bool(real(code))
+
+        with _answering(cpu_vec_isa, replay):
             isas = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
-        # The tests Inductor runs whatever the setting ran for real: a failure there (that the
-        # key did not foresee) shows here, and the list holds what they answered.
+        # A test the record did not hold as passed ran for real: a failure there (that the key
+        # did not foresee) shows here, and the list holds what it answered.
         reason = "" if isas == allowed else f"recorded {allowed}, the tests run now passed {isas}"
         return VecIsaRestore(status="recorded", isas=isas, reason=reason)
-    isas = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+    checks: list[dict[str, Any]] = []
+
+    def run(isa: Any, code: str, real: Any) -> bool:
+        ok = bool(real(code))
+        checks.append({"id": list(_check_id(isa, code)), "ok": ok})
+        return ok
+
+    with _answering(cpu_vec_isa, run):
+        isas = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
     if not write:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason="read-only cache")
-    data = {"key": key, "allowed": allowed, "passed": isas, "created": time.time()}
+    data = {
+        "key": key,
+        "allowed": allowed,
+        "passed": isas,
+        "checks": checks,
+        "created": time.time(),
+    }
     try:
         _atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError as e:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason=f"{type(e).__name__}: {e}")
     return VecIsaRestore(status="probed", isas=isas)
+
+
+def _check_id(isa: Any, code: str) -> tuple[str, str, str]:
+    """A test Inductor runs: the ISA, its compiler flags at the time, the test source's hash."""
+    return (str(isa), str(isa.build_arch_flags()), hashlib.sha256(code.encode()).hexdigest())
+
+
+def _check_name(check: dict[str, Any]) -> tuple[str, str, str]:
+    isa, flags, digest = check["id"]
+    return (str(isa), str(flags), str(digest))
+
+
+@contextlib.contextmanager
+def _answering(cpu_vec_isa: Any, answer: Any) -> Iterator[None]:
+    """While Inductor computes its ISA list: each ISA object's ``check_build(code)`` is
+    ``answer(isa, code, real)`` (``real``: Inductor's own test). The attributes are removed on
+    exit (Inductor's classes are never touched)."""
+    isas = list(cpu_vec_isa.supported_vec_isa_list)
+    installed = []
+    try:
+        for isa in isas:
+            if "check_build" in vars(isa):
+                continue  # someone else's: leave it alone
+            real = isa.check_build
+            isa.check_build = functools.partial(answer, isa, real=real)
+            installed.append(isa)
+        yield
+    finally:
+        for isa in installed:
+            vars(isa).pop("check_build", None)

@@ -144,9 +144,16 @@ def compile_modules(
     for path, module in resolve_targets(model, config.targets):
         if getattr(module, _COMPILED_ATTR, False):
             continue
-        fn = torch.compile(
-            module.forward, backend=config.backend, mode=config.mode, fullgraph=config.fullgraph
-        )
+        if config.precompile:
+            # The precompiled form serves the calls; plain torch.compile only what it cannot
+            # take. torch.compile imports Inductor's lowering and kernel templates at once
+            # (about 1 s per process on a CPU): a warm restart that loads its artifacts never
+            # pays that unless a call falls back.
+            fn: Any = _LazyCompile(module.forward, config)
+        else:
+            fn = torch.compile(
+                module.forward, backend=config.backend, mode=config.mode, fullgraph=config.fullgraph
+            )
         dim = config.batch_dim
 
         def forward(*args: Any, _fn: Any = fn, _dim: int | None = dim, **kwargs: Any) -> Any:
@@ -156,6 +163,7 @@ def compile_modules(
                         torch._dynamo.maybe_mark_dynamic(leaf, _dim)
             return _fn(*args, **kwargs)
 
+        forward.compiled = fn  # type: ignore[attr-defined]
         if config.precompile:
             from fastinit.warmup.precompile import PrecompiledTarget
 
@@ -171,6 +179,40 @@ def compile_modules(
         setattr(module, _COMPILED_ATTR, True)
         compiled.append(path)
     return compiled
+
+
+class _LazyCompile:
+    """``torch.compile(forward, ...)``, made at the first call (once, under a lock)."""
+
+    def __init__(self, forward: Any, config: CompileConfig) -> None:
+        import threading
+
+        self._forward = forward
+        self._config = config
+        self._fn: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        """Whether a call needed it (``torch.compile`` was called)."""
+        return self._fn is not None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            with self._lock:
+                if self._fn is None:
+                    import torch
+
+                    config = self._config
+                    self._fn = torch.compile(
+                        self._forward,
+                        backend=config.backend,
+                        mode=config.mode,
+                        fullgraph=config.fullgraph,
+                    )
+                fn = self._fn
+        return fn(*args, **kwargs)
 
 
 def swap_in_compiled(model: nn.Module, wait: float | None = 0.0) -> list[str]:

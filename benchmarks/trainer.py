@@ -166,6 +166,12 @@ class TrainerConfig:
     sharding (:func:`fastinit.warmup.prefetch_compiler`): "on", "off", or "auto": on only where
     the host has a spare core per rank (with a core per rank the imports, Python-bound, only
     contend with the sharding for the same core)."""
+    pipeline_fill: str = "first-step"
+    """fastinit: where TorchRec's ``TrainPipelineSparseDist.fill_pipeline`` runs (the first two
+    batches, the model rewrite — a ``torch.fx`` trace — and the first batch's input distribution):
+    "first-step" (inside the first ``progress``, as in every TorchRec trainer) or "startup" (the
+    last start-up stage, after ``pre_train`` on the collective lane: the first ``progress`` is
+    then a steady-state step; an experiment, see docs/warmup.md)."""
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
@@ -190,6 +196,10 @@ class TrainerConfig:
         if self.compile_prefetch not in ("auto", "on", "off"):
             raise ValueError(
                 f"compile_prefetch must be auto, on or off, got {self.compile_prefetch!r}"
+            )
+        if self.pipeline_fill not in ("first-step", "startup"):
+            raise ValueError(
+                f"pipeline_fill must be first-step or startup, got {self.pipeline_fill!r}"
             )
         if self.worker_start not in ("fork", "spawn"):
             raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
@@ -577,6 +587,13 @@ class _Trainer:
             stages = {n: self.resume if n == "resume" else stages[n] for n in order}
             deps["resume"] = ("train_module_creation",)
             deps["pre_train"] = ("resume",)
+        if self.config.pipeline_fill == "startup":
+            # After pre_train on the collective lane (its input distribution is collective), so
+            # no other stage runs while its torch.fx trace patches nn.Module process-wide.
+            stages["pipeline_fill"] = self.pipeline_fill
+            collective.add("pipeline_fill")
+            deps["pipeline_fill"] = ("init_plugins", "preproc_creation", "get_first_batch_data")
+            after["pipeline_fill"] = ("pre_train",)
         for name, fn in stages.items():
             graph.add(
                 name,
@@ -586,7 +603,16 @@ class _Trainer:
                 collective=name in collective,
             )
         results = graph.run()
+        if "pipeline_fill" in results:
+            return results["init_plugins"], results["pipeline_fill"], None
         return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
+
+    def pipeline_fill(self, pipeline: Any, it: Any, first: Any) -> _Recent:
+        """``--pipeline-fill startup``: TorchRec's pipeline fill before the first step; returns
+        the data iterator the steps go on with (the fill took its first two batches)."""
+        data = _Recent(itertools.chain([first], it))
+        pipeline.fill_pipeline(data)
+        return data
 
 
 class _Recent:
@@ -792,7 +818,8 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     from fastinit.warmup import compile_count
 
     graphs_before = compile_count()
-    data = _Recent(itertools.chain([first], it))
+    # (--pipeline-fill startup: ``it`` is the iterator the fill started, ``first`` None.)
+    data = it if isinstance(it, _Recent) else _Recent(itertools.chain([first], it))
     step = trainer.resume_from[1] + 1 if trainer.resume_from is not None else 1
     _swap(trainer, step)
     with trace.span("first_step"):
@@ -874,6 +901,12 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         default="auto",
         help="fastinit: compile-stack imports on a thread beside the sharding",
     )
+    parser.add_argument(
+        "--pipeline-fill",
+        choices=("first-step", "startup"),
+        default="first-step",
+        help="fastinit: TorchRec's pipeline fill in the first step, or as the last start-up stage",
+    )
     parser.add_argument("--steps", type=int, default=1, help="training steps in all")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
     parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
@@ -899,6 +932,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         precompile=not args.no_precompile,
         compile_prefetch=args.compile_prefetch,
         compile_in_background=args.compile_in_background,
+        pipeline_fill=args.pipeline_fill,
     )
 
 

@@ -12,6 +12,8 @@ import json
 import math
 import os
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -299,6 +301,40 @@ def test_trainer_flags_for_background_compile_and_prefetch() -> None:
     assert not default.compile_in_background and default.compile_prefetch == "auto"
     with pytest.raises(ValueError, match="compile_prefetch"):
         TrainerConfig(compile_prefetch="sometimes")
+    assert _parse(["--pipeline-fill", "startup"]).pipeline_fill == "startup"
+    assert default.pipeline_fill == "first-step"
+    with pytest.raises(ValueError, match="pipeline_fill"):
+        TrainerConfig(pipeline_fill="later")
+
+
+def _trainer_losses(tmp_path: pathlib.Path, *flags: str) -> tuple[dict[str, Any], list[str]]:
+    """Rank 0's losses (4 steps, tiny model, eager, 2 ranks) and the start-up stages it ran."""
+    from benchmarks.data import DatasetConfig, ensure_dataset
+    from benchmarks.trainer import model_spec
+    from fastinit.testing.dist import free_port
+
+    data = str(tmp_path / "data")
+    ensure_dataset(DatasetConfig(spec=model_spec("tiny")), data)
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        "-m", "benchmarks.trainer", "--mode", "fastinit", "--model", "tiny", "--no-compile",
+        "--steps", "4", "--data-dir", data, "--out", str(out), *flags,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=300, capture_output=True)
+    events = [json.loads(line) for line in (out / "trace-rank0.jsonl").read_text().splitlines()]
+    (bench,) = (e for e in events if e.get("kind") == "bench")
+    return bench["losses"], [e["name"] for e in events if e.get("kind") == "span"]
+
+
+def test_pipeline_fill_at_startup_trains_the_same(tmp_path: pathlib.Path) -> None:
+    """``--pipeline-fill startup``: TorchRec's fill runs as the last start-up stage; the steps
+    train exactly what they train with the fill inside the first step."""
+    plain, plain_spans = _trainer_losses(tmp_path)
+    early, early_spans = _trainer_losses(tmp_path, "--pipeline-fill", "startup")
+    assert "pipeline_fill" in early_spans and "pipeline_fill" not in plain_spans
+    assert len(plain) == 4 and early == plain, (plain, early)
 
 
 def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:

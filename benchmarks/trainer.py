@@ -530,7 +530,7 @@ class _Trainer:
 
     # -- the two modes -------------------------------------------------------------------------
 
-    def run_stock(self) -> tuple[Any, Any, Any]:
+    def run_stock(self) -> tuple[Any, _Recent]:
         from fastinit import trace
 
         def stage(name: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -546,9 +546,9 @@ class _Trainer:
         pipeline = stage("init_plugins", self.init_plugins, built)
         stage("pre_train", self.pre_train, built)
         first = stage("get_first_batch_data", self.get_first_batch_data, it)
-        return pipeline, it, first
+        return pipeline, _Recent(itertools.chain([first], it))
 
-    def run_fastinit(self) -> tuple[Any, Any, Any]:
+    def run_fastinit(self) -> tuple[Any, _Recent]:
         from fastinit.warmup import GraphConfig, StageGraph
 
         collective = {"process_group_init", "train_module_creation", "pre_train"}
@@ -603,9 +603,10 @@ class _Trainer:
                 collective=name in collective,
             )
         results = graph.run()
-        if "pipeline_fill" in results:
-            return results["init_plugins"], results["pipeline_fill"], None
-        return results["init_plugins"], results["preproc_creation"], results["get_first_batch_data"]
+        if "pipeline_fill" in results:  # the iterator the fill started
+            return results["init_plugins"], results["pipeline_fill"]
+        first, it = results["get_first_batch_data"], results["preproc_creation"]
+        return results["init_plugins"], _Recent(itertools.chain([first], it))
 
     def pipeline_fill(self, pipeline: Any, it: Any, first: Any) -> _Recent:
         """``--pipeline-fill startup``: TorchRec's pipeline fill before the first step; returns
@@ -810,16 +811,14 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     tracer.mark("process_start", at=t_start)
     trainer = _Trainer(config, tracer)
     if config.mode == "fastinit":
-        pipeline, it, first = trainer.run_fastinit()
+        pipeline, data = trainer.run_fastinit()
     else:
-        pipeline, it, first = trainer.run_stock()
+        pipeline, data = trainer.run_stock()
     if torch.cuda.is_available():  # the first step runs on this thread
         torch.cuda.set_device(trainer.local_rank)
     from fastinit.warmup import compile_count
 
     graphs_before = compile_count()
-    # (--pipeline-fill startup: ``it`` is the iterator the fill started, ``first`` None.)
-    data = it if isinstance(it, _Recent) else _Recent(itertools.chain([first], it))
     step = trainer.resume_from[1] + 1 if trainer.resume_from is not None else 1
     _swap(trainer, step)
     with trace.span("first_step"):

@@ -83,6 +83,10 @@ def test_junit_parsing_and_verdict(tmp_path: Path) -> None:
     assert any("no fastinit.setup call" in p for p in verdict({"swap": fine}))
     fine.setup_calls = 1
     assert verdict({"stock": stock, "swap": fine}) == []
+    skipped = SuiteResult(
+        "swap", [Outcome("T::test_ok", "skipped", "")], 1.0, 0, "src", setup_calls=1
+    )
+    assert verdict({"stock": stock, "swap": skipped}) == ["1 test(s) pass stock but not swapped"]
 
 
 def test_the_runner_refuses_a_tree_without_the_suite(tmp_path: Path) -> None:

@@ -463,15 +463,7 @@ class _ProtocolCache:
     def _describe(self) -> str:
         return f"{type(self.target).__name__} object"
 
-    def get(
-        self,
-        key: bytes,
-        *,
-        accept: Callable[[ShardingPlan], object] | None = None,
-        max_bytes: int | None = None,
-    ) -> ShardingPlan | None:
-        got = self.read(key, accept=accept, max_bytes=max_bytes)
-        return None if got is None else got[0]
+    get = PlanCache.get  # the plan of :meth:`read`
 
     def read(
         self,

@@ -249,7 +249,7 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         )
         record = None
     if record is not None and record["allowed"] == allowed and record["passed"] == allowed:
-        passed = {_check_name(c) for c in record["checks"] if c["ok"]}
+        passed = {tuple(c["id"]) for c in record["checks"] if c["ok"]}  # (3 strings: _read)
 
         def replay(isa: Any, code: str, real: Any) -> bool:
             return _check_id(isa, code) in passed or bool(real(code))
@@ -288,11 +288,6 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
 def _check_id(isa: Any, code: str) -> tuple[str, str, str]:
     """A test Inductor runs: the ISA, its compiler flags at the time, the test source's hash."""
     return (str(isa), str(isa.build_arch_flags()), hashlib.sha256(code.encode()).hexdigest())
-
-
-def _check_name(check: dict[str, Any]) -> tuple[str, str, str]:
-    isa, flags, digest = check["id"]
-    return (str(isa), str(flags), str(digest))
 
 
 @contextlib.contextmanager

@@ -351,33 +351,26 @@ def _summary(results: dict[str, SuiteResult], src: Path) -> str:
 def verdict(results: dict[str, SuiteResult]) -> list[str]:
     """Why the run failed (empty when it passed)."""
     problems: list[str] = []
-    swap = results.get("swap")
-    if swap is not None:
-        if not swap.outcomes:
-            problems.append("the swapped run produced no results (see swap.log)")
-        if swap.count("failed") or swap.count("error"):
-            problems.append(f"swapped: {swap.counts()}")
-        if swap.outcomes and swap.setup_calls == 0:
-            problems.append("the swap made no fastinit.setup call: it did not take effect")
-    patched = results.get("patched")
-    if patched is not None:
-        if not patched.outcomes:
-            problems.append("the patched run produced no results (see patched.log)")
-        if patched.count("failed") or patched.count("error"):
-            problems.append(f"patched: {patched.counts()}")
     stock = results.get("stock")
     if stock is not None and not stock.outcomes:
         problems.append("the stock run produced no results (see stock.log)")
-    if stock is not None and patched is not None:
-        passed = {o.test for o in patched.outcomes if o.outcome == "passed"}
-        lost = [o.test for o in stock.outcomes if o.outcome == "passed" and o.test not in passed]
-        if lost:
-            problems.append(f"{len(lost)} test(s) pass stock but not patched")
-    if stock is not None and swap is not None:
-        passed = {o.test for o in swap.outcomes if o.outcome == "passed"}
-        lost = [o.test for o in stock.outcomes if o.outcome == "passed" and o.test not in passed]
-        if lost:
-            problems.append(f"{len(lost)} test(s) pass stock but not swapped")
+    for mode, label in (("swap", "swapped"), ("patched", "patched")):
+        result = results.get(mode)
+        if result is None:
+            continue
+        if not result.outcomes:
+            problems.append(f"the {label} run produced no results (see {mode}.log)")
+        if result.count("failed") or result.count("error"):
+            problems.append(f"{label}: {result.counts()}")
+        if mode == "swap" and result.outcomes and result.setup_calls == 0:
+            problems.append("the swap made no fastinit.setup call: it did not take effect")
+        if stock is not None:
+            passed = {o.test for o in result.outcomes if o.outcome == "passed"}
+            lost = [
+                o.test for o in stock.outcomes if o.outcome == "passed" and o.test not in passed
+            ]
+            if lost:
+                problems.append(f"{len(lost)} test(s) pass stock but not {label}")
     return problems
 
 

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import compat, knobs, protocol, trace
-from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+from fastinit.errors import StartupError
 from fastinit.plan.validate import check_unsharded, validate_plan
 from fastinit.protocol import Record
 
@@ -61,15 +61,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "setup",
-    "plan_key",
-    "PlanKey",
-    "validate_plan",
-    "StartupError",
-    "StartupMismatchError",
-    "PlanMismatchError",
-]
+__all__ = ["setup", "plan_key", "PlanKey"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,7 +182,7 @@ def setup(
         planner: plans when ``plan`` is None (default: fastinit's planner for the topology of
             ``env``). Only rank 0 plans.
         plan_cache: plan-cache directory (default ``FASTINIT_PLAN_CACHE``), a
-            ``fastinit.sharding.PlanCache``, or any object with ``get``/``put`` in TorchRec 1.9's
+            ``fastinit.plan.PlanCache``, or any object with ``get``/``put`` in TorchRec 1.9's
             ``PlanCache`` protocol (keyed by the hex planner fingerprint; see
             ``fastinit.plan.cache.as_plan_cache``); a hit means no planning at all. A cached
             plan is a hint: one that does not decode or fit is a miss with one warning.

@@ -36,8 +36,9 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, Emb
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from fastinit.sharding import FastPlanner
-from fastinit.sharding import planner as fast_planner_module
-from fastinit.sharding.mirror.planner import planners as fast_planner_search
+from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
+from fastinit.sharding.mirror.planner import planners as fast_planners
+from fastinit.sharding.mirror.planner import proposers as fast_proposers
 from fastinit.testing.models import plan_to_plain
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -355,14 +356,14 @@ def test_hash_collisions_do_not_merge_proposals(
 ) -> None:
     """Every proposal hashes alike: repeats are told apart by their vectors (same plan, count)."""
 
-    class Colliding(fast_planner_module._Stream):
+    class Colliding(fast_planners._Stream):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._z = [7] * len(self._z)
             self._zc = [7] * len(self._zc)
 
-    # patched where FastPlanner reads it (fastinit.sharding.planner only re-exports it)
-    monkeypatch.setattr(fast_planner_search, "_Stream", Colliding)
+    # patched where FastPlanner reads it
+    monkeypatch.setattr(fast_planners, "_Stream", Colliding)
     kwargs: dict[str, Any] = {"timeout_seconds": timeout} if timeout else {}
     case = Case("collide", lambda: ebc(bag_tables(12)), 8, 4, "cpu", planner_kwargs=lambda: kwargs)
     fast, stock, planner = run_both(case)
@@ -433,15 +434,15 @@ def test_batched_partition_equals_one_by_one(
     """``evaluate_batch`` gives every proposal of both greedy proposers the ranks and rating that
     ``evaluate`` gives it, bit for bit, or hands it back (``_SCALAR``); hosts searched in one
     block or in blocks of 3 (the last one padded)."""
-    monkeypatch.setattr(fast_planner_module._Search, "host_block", host_block)
+    monkeypatch.setattr(fast_partitioners._Search, "host_block", host_block)
     case = next(c for c in CASES if c.name == name)
     planner = FastPlanner(topology=case.topology(), **case.planner_kwargs())
     opts, lists, search = _search_parts(planner, case.module(), case.world_size)
     assert search.batch_ok
-    stream = fast_planner_module._Stream(opts, len(lists), case.world_size)
+    stream = fast_planners._Stream(opts, len(lists), case.world_size)
     vecs = []
     for use_depth in (True, False):
-        replay = fast_planner_module._GreedyReplay(opts, lists, GreedyProposer(use_depth=use_depth))
+        replay = fast_proposers._GreedyReplay(opts, lists, GreedyProposer(use_depth=use_depth))
         changes = replay.propose()
         while changes is not None:
             stream.apply(changes)
@@ -453,7 +454,7 @@ def test_batched_partition_equals_one_by_one(
     batched = 0
     for vec, result in zip(vecs, results):
         expected = search.evaluate(vec)
-        if result is fast_planner_module._SCALAR:
+        if result is fast_partitioners._SCALAR:
             continue
         assert expected is not None
         ranks, rating = result
@@ -675,11 +676,11 @@ def _search_parts(
         module=module,
         sharders=get_default_sharders(),
     )
-    opts = [fast_planner_module._Opt(c) for c in space]
+    opts = [fast_partitioners._Opt(c) for c in space]
     lists: dict[str, list[int]] = {}
     for i, o in enumerate(opts):
         lists.setdefault(o.fqn, []).append(i)
-    search = fast_planner_module._Search(opts, storage, ws, False, False)
+    search = fast_partitioners._Search(opts, storage, ws, False, False)
     return opts, list(lists.values()), search
 
 
@@ -691,8 +692,8 @@ def test_lower_bound_never_exceeds_rating() -> None:
             topology=Topology(world_size=ws, local_world_size=lws, compute_device=device)
         )
         opts, lists, search = _search_parts(planner, module, ws)
-        stream = fast_planner_module._Stream(opts, len(lists), ws)
-        replay = fast_planner_module._GreedyReplay(opts, lists, GreedyProposer())
+        stream = fast_planners._Stream(opts, len(lists), ws)
+        replay = fast_proposers._GreedyReplay(opts, lists, GreedyProposer())
         checked = 0
         changes = replay.propose()
         while changes is not None:
@@ -765,8 +766,8 @@ def test_grid_search_skipped_at_thousands_of_tables() -> None:
 
     opts: Any = [SimpleNamespace(score_depth=0.0, score_sum=0.0)] * 40_000
     lists = [[2 * f, 2 * f + 1] for f in range(20_000)]  # 2**20000 proposals
-    assert fast_planner_module._GridReplay(opts, lists, 10_000).propose() is None
-    small = fast_planner_module._GridReplay(opts, lists[:3], 10_000)
+    assert fast_proposers._GridReplay(opts, lists, 10_000).propose() is None
+    small = fast_proposers._GridReplay(opts, lists[:3], 10_000)
     seen = []
     changes = small.propose()
     vec = [-1] * 3

@@ -50,11 +50,12 @@ def parts() -> dict[str, Any]:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from benchmarks.bench_planner import build_model
-    from fastinit.sharding import planner as fp
+    from fastinit.sharding import FastPlanner
+    from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
 
     model = build_model(TABLES)
     sharders = get_default_sharders()
-    planner = fp.FastPlanner(topology=_topology())
+    planner = FastPlanner(topology=_topology())
     storage = planner._storage_reservation.reserve(
         topology=planner._topology,
         batch_size=planner._batch_size,
@@ -62,11 +63,11 @@ def parts() -> dict[str, Any]:
         sharders=sharders,
     )
     space = planner._enumerator.enumerate_compact(model, sharders)
-    opts = [fp._Opt(c) for c in space]
+    opts = [fast_partitioners._Opt(c) for c in space]
     lists: dict[str, list[int]] = {}
     for i, o in enumerate(opts):
         lists.setdefault(o.fqn, []).append(i)
-    search = fp._Search(opts, storage, RANKS, False, False)
+    search = fast_partitioners._Search(opts, storage, RANKS, False, False)
     return {
         "model": model,
         "sharders": sharders,
@@ -85,15 +86,15 @@ def _replays(parts: dict[str, Any]) -> list[Any]:
         GridSearchProposer,
     )
 
-    from fastinit.sharding import planner as fp
+    from fastinit.sharding.mirror.planner import proposers as fast_proposers
 
     opts, lists = parts["opts"], parts["lists"]
     fqn_pos = {opts[lst[0]].fqn: f for f, lst in enumerate(lists)}
     return [
-        fp._GridReplay(opts, lists, GridSearchProposer()._max_proposals),
-        fp._GreedyReplay(opts, lists, GreedyProposer()),
-        fp._GreedyReplay(opts, lists, GreedyProposer(use_depth=False)),
-        fp._UniformReplay(opts, fqn_pos, True),
+        fast_proposers._GridReplay(opts, lists, GridSearchProposer()._max_proposals),
+        fast_proposers._GreedyReplay(opts, lists, GreedyProposer()),
+        fast_proposers._GreedyReplay(opts, lists, GreedyProposer(use_depth=False)),
+        fast_proposers._UniformReplay(opts, fqn_pos, True),
     ]
 
 
@@ -110,21 +111,21 @@ def test_enumerate(benchmark: Any, parts: dict[str, Any]) -> None:
 
 def test_search_options(benchmark: Any, parts: dict[str, Any]) -> None:
     """Per-option search data and the device arrays."""
-    from fastinit.sharding import planner as fp
+    from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
 
     def run() -> Any:
-        opts = [fp._Opt(c) for c in parts["space"]]
-        return fp._Search(opts, parts["storage"], RANKS, False, False)
+        opts = [fast_partitioners._Opt(c) for c in parts["space"]]
+        return fast_partitioners._Search(opts, parts["storage"], RANKS, False, False)
 
     benchmark.pedantic(run, rounds=3, iterations=1)
 
 
 def test_proposal_stream(benchmark: Any, parts: dict[str, Any]) -> None:
     """Every proposal of the stock proposers: applied, de-duplicated and bounded."""
-    from fastinit.sharding import planner as fp
+    from fastinit.sharding.mirror.planner import planners as fast_planners
 
     def run() -> int:
-        stream = fp._Stream(parts["opts"], len(parts["lists"]), RANKS)
+        stream = fast_planners._Stream(parts["opts"], len(parts["lists"]), RANKS)
         seen: dict[int, list[int]] = {}
         distinct = 0
         for replay in _replays(parts):

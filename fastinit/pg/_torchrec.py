@@ -1,6 +1,6 @@
 """Every touch of a private TorchRec name made by ``fastinit.pg``, in one place.
 
-Written against torchrec 1.8.0 (:data:`PG_TORCHREC_VERSION`). Whether the names below are there is
+Written against torchrec 1.8.0. Whether the names below are there is
 decided by capability (``fastinit.compat.missing("pg")``); when one is missing,
 :func:`unsupported_reason` names it and :func:`fastinit.pg.prepare_for_plan` falls back to
 TorchRec's own groups. When TorchRec is upgraded, read the upstream source of the names below.
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = [
-    "PG_TORCHREC_VERSION",
     "torchrec_version",
     "unsupported_reason",
     "default_local_size",
@@ -42,9 +41,6 @@ __all__ = [
     "install_node_groups",
     "reset_node_groups",
 ]
-
-#: The torchrec version the touches above were written against.
-PG_TORCHREC_VERSION = "1.8.0"
 
 _GLOBALS = ("_INTRA_PG", "_CROSS_PG")
 

@@ -11,8 +11,7 @@
   TorchRec is handed it (a cached plan is a hint, never an authority).
 
 The planner itself is :class:`fastinit.sharding.FastPlanner`. Nothing heavy is imported here: the
-names below load their module (and TorchRec) on first use. These modules lived in
-``fastinit.sharding`` before; the old module paths still import (aliases of these modules).
+names below load their module (and TorchRec) on first use.
 """
 
 from __future__ import annotations

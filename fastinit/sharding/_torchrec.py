@@ -28,8 +28,6 @@ from typing import Any
 
 from torchrec.distributed.planner.types import Topology
 
-PLANNER_TORCHREC_VERSION = "1.8.0"  # the torchrec version this section was written against
-
 
 def greedy_proposer_state(proposer: Any) -> tuple[bool, int | None, float, int]:
     """The settings and carried-over state of a stock ``GreedyProposer``.
@@ -165,8 +163,6 @@ def sku_aware_reservation_details(reservation: Any) -> dict[str, Any]:
 #       GreedyPerfPartitioner._sort_by; HeuristicalStorageReservation._percentage;
 #       EmbeddingEnumerator._estimators (kept for the "estimator" argument).
 # =================================================================================================
-
-FINGERPRINT_TORCHREC_VERSION = "1.8.0"
 
 # Planner attribute -> name in the fingerprint. Left out: stats and debug (logging only).
 _PLANNER_ATTRIBUTES: dict[str, str] = {

@@ -16,7 +16,6 @@ from typing import Any
 from torch import nn
 
 __all__ = [
-    "TORCHREC_VERSION",
     "embedding_tables",
     "combined_children",
     "pipeline_optimizer",
@@ -24,9 +23,6 @@ __all__ = [
     "fused_tables",
     "pipeline_rewrote_model",
 ]
-
-#: The torchrec version these accessors were written against.
-TORCHREC_VERSION = "1.8.0"
 
 
 def embedding_tables(module: nn.Module) -> tuple[list[Any], bool, bool] | None:

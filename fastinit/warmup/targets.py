@@ -2,7 +2,7 @@
 
 Shared by :mod:`fastinit.warmup.warmup` (which compiles), :mod:`fastinit.warmup.compile_cache`
 (which keys its entries by the targets) and :mod:`fastinit.warmup.precompile`, none of which
-imports another to reach it. ``fastinit.warmup.warmup.CompileConfig`` is the same class.
+imports another to reach it.
 """
 
 from __future__ import annotations

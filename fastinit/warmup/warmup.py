@@ -39,8 +39,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-# CompileConfig and resolve_targets live in fastinit.warmup.targets (which the compile cache and
-# precompile modules import without importing this one); the names here are the same objects.
 from fastinit.warmup.targets import CompileConfig, _unwrap, resolve_targets
 
 if TYPE_CHECKING:
@@ -51,9 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StateSnapshot",
-    "resolve_targets",
     "set_thread_device",
-    "CompileConfig",
     "WarmupConfig",
     "WarmupReport",
     "compile_modules",

@@ -118,8 +118,7 @@ from fastinit.sharding.mirror.planner.types import _UNIFORM
 
 __all__ = ["FastPlanner"]
 
-# the logger name from before the planner was split into upstream-named files
-logger: logging.Logger = logging.getLogger("fastinit.sharding.planner")
+logger: logging.Logger = logging.getLogger(__name__)
 
 
 # ---- the proposal sequence, kept as changes -------------------------------------------------------
@@ -878,8 +877,3 @@ class FastPlanner(EmbeddingShardingPlanner):
             + no_plan_solution
             + last_planner_error_info,
         )
-
-
-# The class's public home, and its name where a name is kept: plan-cache fingerprints (a planner
-# passed in is described by its class), the ``fastinit plan`` summary, pickles.
-FastPlanner.__module__ = "fastinit.sharding.planner"

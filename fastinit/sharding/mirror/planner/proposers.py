@@ -20,8 +20,7 @@ from torchrec.distributed.planner.proposers import GreedyProposer
 from fastinit.sharding import _torchrec as _tr
 from fastinit.sharding.mirror.planner.partitioners import _Opt, _Unsupported
 
-# the logger name from before the planner was split into upstream-named files
-logger: logging.Logger = logging.getLogger("fastinit.sharding.planner")
+logger: logging.Logger = logging.getLogger(__name__)
 
 
 def _score(opt: _Opt, use_depth: bool) -> float:

@@ -337,8 +337,8 @@ def measure_rank(
     else:
         from torchrec.distributed.model_parallel import DistributedModelParallel
 
+        from fastinit.plan.layout import expanded_plan
         from fastinit.sharding import _torchrec_modules as _trc
-        from fastinit.sharding.layout import expanded_plan
         from fastinit.sharding.mirror.collective_utils import set_collective_validation
 
         plan = expanded_plan(plan)  # TorchRec's own objects, as broadcast_object_list gives

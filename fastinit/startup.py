@@ -107,8 +107,8 @@ def plan_key(
     Returns:
         The :class:`PlanKey`.
     """
+    from fastinit.plan import _torchrec as _trc
     from fastinit.plan import fingerprint as fp
-    from fastinit.sharding import _torchrec_modules as _trc
     from fastinit.sharding.sharders import fast_sharders
 
     all_sharders = fast_sharders(sharders, 0)
@@ -525,7 +525,7 @@ def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_
 
 
 def _compact(plan: ShardingPlan) -> ShardingPlan:
-    from fastinit.sharding.layout import compact_plan
+    from fastinit.plan.layout import compact_plan
 
     return compact_plan(plan)
 

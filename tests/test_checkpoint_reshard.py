@@ -28,7 +28,7 @@ def _brute(runs: Any, off: tuple[int, ...], size: tuple[int, ...]) -> list[int]:
 def _layouts() -> list[tuple[str, Any]]:
     from torch.distributed._shard.metadata import ShardMetadata
 
-    from fastinit.sharding.layout import runs_of
+    from fastinit.plan.layout import runs_of
 
     def md(offsets: list[int], sizes: list[int], rank: int) -> Any:
         return ShardMetadata(shard_offsets=offsets, shard_sizes=sizes, placement=f"rank:{rank}/cpu")
@@ -74,7 +74,7 @@ def test_shards_of_rank_and_overlaps_are_not_linear_in_world_size() -> None:
     from torch.distributed._shard.metadata import ShardMetadata
 
     from fastinit.checkpoint.reshard import overlapping, shards_of_rank
-    from fastinit.sharding.layout import runs_of
+    from fastinit.plan.layout import runs_of
 
     n, rows = 8192, 8192 * 10 + 3
     block = -(-rows // n)

@@ -17,8 +17,8 @@ pytest.importorskip("torchrec")
 from torch.distributed._shard.metadata import ShardMetadata  # noqa: E402
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec  # noqa: E402
 
+from fastinit.plan import layout  # noqa: E402
 from fastinit.plan.codec import decode_plan, encode_plan  # noqa: E402
-from fastinit.sharding import layout  # noqa: E402
 from fastinit.testing.models import (  # noqa: E402
     SHARDING_TYPES,
     ModelSpec,
@@ -158,7 +158,7 @@ _FAKE = textwrap.dedent(
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     import fastinit
     from fastinit.plan.codec import decode_plan, encode_plan
-    from fastinit.sharding import layout
+    from fastinit.plan import layout
     from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan, plan_to_plain
     from tests.test_explicit_plans import SPEC, _irregular
 

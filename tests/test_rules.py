@@ -15,8 +15,8 @@ from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec, EnumerableShardingSpec
 from torch.distributed._shard.sharding_spec.api import _infer_sharding_spec_from_shards_metadata
 
+from fastinit.plan.layout import Expansions, LazyShards, runs_of
 from fastinit.sharding import rules
-from fastinit.sharding.layout import Expansions, LazyShards, runs_of
 
 
 def _md(offsets: list[int], sizes: list[int], rank: int, device: str = "cpu") -> ShardMetadata:

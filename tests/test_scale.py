@@ -18,6 +18,7 @@ from torch.distributed._shard.metadata import ShardMetadata  # noqa: E402
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec  # noqa: E402
 
 from fastinit.errors import PlanMismatchError  # noqa: E402
+from fastinit.plan import layout  # noqa: E402
 from fastinit.plan.codec import (  # noqa: E402
     FORMAT_VERSION,
     MAGIC,
@@ -25,7 +26,6 @@ from fastinit.plan.codec import (  # noqa: E402
     decode_plan,
     encode_plan,
 )
-from fastinit.sharding import layout  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
 SPEC = ModelSpec(num_tables=7, num_ec_tables=7, rows=300)

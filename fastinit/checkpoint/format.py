@@ -116,7 +116,7 @@ class Index:
 
     def runs(self, fqn: str) -> tuple[Any, ...] | None:
         """The shard runs of a sharded model tensor (None if the index has none for ``fqn``)."""
-        from fastinit.sharding.layout import ShardRun
+        from fastinit.plan.layout import ShardRun
 
         raw = self.sharded.get(fqn)
         return None if raw is None else tuple(ShardRun.from_json(r) for r in raw)

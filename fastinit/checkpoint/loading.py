@@ -158,7 +158,7 @@ def _param_of(fqn: str, model_fqns: set[str]) -> str | None:
 
 
 def _layout(sources: _Sources, fqn: str, model_fqns: set[str]) -> tuple[Any, ...]:
-    from fastinit.sharding.layout import ShardRun
+    from fastinit.plan.layout import ShardRun
 
     index = sources.index
     runs = index.runs(fqn)

@@ -84,7 +84,7 @@ def global_runs(value: Any) -> tuple[Any, ...] | None:
     A layout fastinit holds as a rule (``LazyShards``) gives its runs at no cost; otherwise the
     runs are found once per shared layout (memoised in the layout's shared ``checked`` facts).
     """
-    from fastinit.sharding.layout import LazyShards, runs_of
+    from fastinit.plan.layout import LazyShards, runs_of
 
     shards = _shards_metadata(value)
     if shards is None:

@@ -22,7 +22,7 @@ name (``sort_keys``), with fixed separators. Values are tagged where JSON alone 
 * ``{"$range": [start, stop, step]}``: a list of 4 or more ints in arithmetic progression (the
   ``ranks`` of a row-wise or data-parallel table), so that it does not grow with the world size;
 * an ``EnumerableShardingSpec``'s ``shards`` as ``{"$runs": [run, ...]}``: its canonical
-  :class:`~fastinit.sharding.layout.ShardRun` s (a few per table for row-wise, table-row-wise,
+  :class:`~fastinit.plan.layout.ShardRun` s (a few per table for row-wise, table-row-wise,
   column and grid layouts at any world size). It decodes to a
   ``CompactShardingSpec``, which builds its ``ShardMetadata`` only when they are asked for.
 
@@ -195,7 +195,7 @@ def _is_range(value: list[Any]) -> bool:
 def _encode_spec(value: Any, where: str) -> Any:
     from torch.distributed._shard.metadata import ShardMetadata
 
-    from fastinit.sharding import layout
+    from fastinit.plan import layout
 
     if isinstance(value, layout.compact_class()):
         runs = value.current_runs()
@@ -454,7 +454,7 @@ class _Decoder:
         return list(items)
 
     def spec(self, fields: Any, where: str) -> Any:
-        from fastinit.sharding import layout
+        from fastinit.plan import layout
 
         if self.version < 2:
             return None

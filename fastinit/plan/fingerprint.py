@@ -108,7 +108,7 @@ def _canon(value: Any, depth: int = 0, exclude: frozenset[str] = frozenset()) ->
         return {"callable": f"{getattr(value, '__module__', None)}.{name}"}
     if _is_topology(value):
         return _topology_doc(value)
-    from fastinit.sharding._torchrec import constructor_settings
+    from fastinit.plan._torchrec import constructor_settings
 
     settings = constructor_settings(value)
     return {
@@ -166,7 +166,7 @@ def _device_runs(devices: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _topology_doc(topology: Topology | DefaultTopology) -> dict[str, Any]:
-    from fastinit.sharding._torchrec import topology_custom_data
+    from fastinit.plan._torchrec import topology_custom_data
 
     if isinstance(topology, DefaultTopology):
         return {"default_topology": dataclasses.asdict(topology)}
@@ -260,7 +260,7 @@ def _constraints_doc(constraints: Mapping[str, ParameterConstraints] | None) -> 
 def _planner_doc(planner: ShardingPlanner | None) -> dict[str, Any]:
     if planner is None:
         return {"default": "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"}
-    from fastinit.sharding._torchrec import planner_settings
+    from fastinit.plan._torchrec import planner_settings
 
     settings = planner_settings(planner)
     return {
@@ -300,7 +300,7 @@ def planner_inputs(
         ``constraints``, ``planner``.
     """
     if constraints is None and planner is not None:
-        from fastinit.sharding._torchrec import planner_settings
+        from fastinit.plan._torchrec import planner_settings
 
         constraints = planner_settings(planner).get("constraints")
     device = topology.compute_device
@@ -420,7 +420,7 @@ def uncacheable_reason(
 
 
 def _planner_problem(planner: ShardingPlanner) -> str | None:
-    from fastinit.sharding._torchrec import planner_settings
+    from fastinit.plan._torchrec import planner_settings
 
     where = f"the planner ({_qualname(planner)})"
     if "<locals>" in type(planner).__qualname__:
@@ -524,7 +524,7 @@ _AUDITED_MODULES = ("torchrec.", "fastinit.")
 
 
 def _object_problem(value: Any, where: str, depth: int) -> str | None:
-    from fastinit.sharding._torchrec import constructor_settings
+    from fastinit.plan._torchrec import constructor_settings
 
     cls = type(value)
     try:

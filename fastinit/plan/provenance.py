@@ -89,8 +89,8 @@ def _document(
     key: KeyLike,
     constraints: Mapping[str, ParameterConstraints] | None,
 ) -> dict[str, Any]:
+    from fastinit.plan import _torchrec as _trc
     from fastinit.plan.fingerprint import planner_inputs
-    from fastinit.sharding import _torchrec_modules as _trc
 
     topology, planner_constraints = _trc.planner_inputs(key.planner)
     return planner_inputs(

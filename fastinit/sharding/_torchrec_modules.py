@@ -13,7 +13,6 @@ Touches:
     torchrec.distributed.collective_utils._resolve_enablement_on_leader (what rank 0's
         collective-validation setting is; set without a broadcast by
         :mod:`fastinit.sharding.mirror.collective_utils`),
-    EmbeddingShardingPlanner._topology / ._constraints (read, for the plan fingerprint),
     ShardedTensor's private constructor steps (below, for :mod:`fastinit.sharding.local`).
 """
 
@@ -73,11 +72,6 @@ def collective_validation_on_leader() -> bool:
     return bool(collective_utils._resolve_enablement_on_leader())
 
 
-def planner_inputs(planner: Any) -> tuple[Any, Any]:
-    """``(topology, constraints)`` of a TorchRec planner (no public accessor in 1.8.0)."""
-    return planner._topology, getattr(planner, "_constraints", None)
-
-
 # ---- ShardedTensor from local shards and global metadata (fastinit.sharding.local) -----------
 # Touches: ShardedTensor._normalize_pg,
 # ._prepare_init, ._post_init, ._local_shards, c10d._rank_not_in_group, and torch's layout checks
@@ -133,7 +127,7 @@ def sharded_tensor_from_checked_layout(
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
     from torch.distributed._shard.sharding_spec import ShardingSpec
 
-    from fastinit.sharding.layout import LazyShards, SharedShards
+    from fastinit.plan.layout import LazyShards, SharedShards
 
     props = metadata.tensor_properties
     if props.layout != torch.strided:

@@ -40,9 +40,9 @@ from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddi
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
+from fastinit.plan.layout import LazyShards, SharedShards, validate_runs
 from fastinit.sharding import _torchrec_modules as _trc
 from fastinit.sharding import rules
-from fastinit.sharding.layout import LazyShards, SharedShards, validate_runs
 from fastinit.sharding.mirror.sharding.dp_sharding import _OwnRankDp
 from fastinit.sharding.mirror.sharding.rw_sharding import _OwnRankRw
 

@@ -2,7 +2,7 @@
 
 A row-wise table on N ranks has N shards; the checks and derived metadata that torch's
 ``ShardedTensor._init_from_local_shards_and_global_metadata`` and TorchRec's fused optimizer
-compute per shard are, for a layout given by :class:`~fastinit.sharding.layout.ShardRun` s, a
+compute per shard are, for a layout given by :class:`~fastinit.plan.layout.ShardRun` s, a
 function of the runs. Each function here gives the same answer as the per-shard code it names,
 in O(runs), or None where the runs do not decide it cheaply (the caller then builds the shards
 and runs the per-shard code).
@@ -14,7 +14,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-from fastinit.sharding.layout import Expansions, LazyShards, ShardRun
+from fastinit.plan.layout import Expansions, LazyShards, ShardRun
 
 __all__ = [
     "local_count",

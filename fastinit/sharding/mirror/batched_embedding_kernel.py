@@ -15,8 +15,8 @@ import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
+from fastinit.plan.layout import LazyShards, SharedShards
 from fastinit.sharding import rules
-from fastinit.sharding.layout import LazyShards, SharedShards
 from fastinit.sharding.local import sharded_tensor
 
 __all__ = ["fused_optimizer_init"]
@@ -62,7 +62,7 @@ class _RuledStateLayout:
     __slots__ = ("table", "runs", "exp", "size")
 
     def __init__(self, table: LazyShards, runs: Any, size: torch.Size) -> None:
-        from fastinit.sharding.layout import Expansions
+        from fastinit.plan.layout import Expansions
 
         self.table = table
         self.runs = runs

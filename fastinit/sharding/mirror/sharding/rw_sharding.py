@@ -18,7 +18,7 @@ from torchrec.distributed.embedding_sharding import (
 from torchrec.distributed.embedding_types import ShardedEmbeddingTable
 from torchrec.distributed.types import ShardingEnv
 
-from fastinit.sharding.layout import LazyShards, SharedShards
+from fastinit.plan.layout import LazyShards, SharedShards
 from fastinit.sharding.mirror.sharding._own_rank import _PerRank, _table
 
 

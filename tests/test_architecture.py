@@ -1,5 +1,6 @@
-"""The code layout docs/ports.md describes: no import circle in fastinit (in any subpackage or
-across them), one canonical JSON helper, ported code in files named after the upstream ones."""
+"""fastinit's architecture: its layers (a module imports its own layer or below, never above), no
+import circle (in any subpackage or across them), one canonical JSON helper, ported code in files
+named after the upstream ones (docs/ports.md)."""
 
 from __future__ import annotations
 
@@ -79,9 +80,58 @@ def test_no_import_circle_in_subpackage(package: str) -> None:
 
 
 def test_no_import_circle_in_fastinit() -> None:
-    """None across subpackages either (``fastinit.plan`` -> ``fastinit.sharding`` only)."""
+    """None across subpackages either."""
     graph = _imports()
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+# The layers, bottom up. A module belongs to the layer of its top-level part (``fastinit.plan.codec``
+# to ``plan``; ``fastinit`` itself is the package face) and imports from its own layer or below,
+# never from above; within a layer, without a circle (above).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # base: errors, knobs, the tracer, what TorchRec must have and the port registry, seeding
+    ("errors", "knobs", "trace", "compat", "ports", "_port_hashes", "seeding"),
+    # the plan's data model: layouts, codec, fingerprint, cache, validation
+    ("plan",),
+    # what uses a plan: module construction, process groups, checkpoints, the start-up messages
+    ("sharding", "pg", "checkpoint", "protocol"),
+    # what runs them: setup, the warm-up stages, the start-up report
+    ("startup", "warmup", "report"),
+    # the package faces: ``import fastinit``, the command line, the test harness
+    ("fastinit", "__main__", "cli", "testing"),
+)
+
+
+def _layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else module
+    return next((i for i, layer in enumerate(LAYERS) if part in layer), -1)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a higher layer than its own: ``"importer -> imported"``."""
+    return sorted(
+        f"{m} -> {t}" for m, targets in graph.items() for t in targets if _layer(t) > _layer(m)
+    )
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in _imports() if _layer(m) < 0)
+    assert not unplaced, f"add to LAYERS: {unplaced}"
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    assert _upward({"fastinit.plan.codec": {"fastinit.sharding.local", "fastinit.errors"}}) == [
+        "fastinit.plan.codec -> fastinit.sharding.local"
+    ]
+    assert _upward(_imports()) == []
+
+
+def test_production_code_never_imports_the_test_harness() -> None:
+    users = sorted(
+        m for m, targets in _imports().items()
+        if not m.startswith("fastinit.testing") and any(t.startswith("fastinit.testing") for t in targets)
+    )  # fmt: skip
+    assert not users, users
 
 
 def test_one_canonical_json_helper() -> None:

@@ -94,7 +94,7 @@ def worker(
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from fastinit.sharding import FastPlanner
+    from fastinit.planner import FastPlanner
     from fastinit.testing.models import plan_to_plain
 
     model = build_model(tables)

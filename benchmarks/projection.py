@@ -310,7 +310,7 @@ def measure_planning(model: str, n: int, which: str) -> float:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
     from benchmarks.trainer import _sharders, model_spec
-    from fastinit.sharding.planner import FastPlanner
+    from fastinit.planner import FastPlanner
     from fastinit.testing.models import build_model
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)

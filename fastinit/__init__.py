@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from fastinit.startup import setup
 
 _STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
+_MODULES = (
+    "trace",
+    "knobs",
+    "testing",
+    "plan",
+    "planner",
+    "sharding",
+    "pg",
+    "warmup",
+    "checkpoint",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -37,6 +48,6 @@ def __getattr__(name: str) -> Any:
         from fastinit import errors
 
         return getattr(errors, name)
-    if name in ("trace", "knobs", "testing", "plan", "sharding", "pg", "warmup", "checkpoint"):
+    if name in _MODULES:
         return importlib.import_module(f"fastinit.{name}")
     raise AttributeError(f"module 'fastinit' has no attribute {name!r}")

@@ -133,7 +133,7 @@ def _default_planner(
 ) -> ShardingPlanner:
     from torchrec.distributed.planner import Topology
 
-    from fastinit.sharding.planner import FastPlanner
+    from fastinit.planner.planners import FastPlanner
 
     return FastPlanner(
         topology=Topology(
@@ -416,7 +416,7 @@ def _explicit_plan_fingerprint(
     """The planner inputs other than the planner (tables, sharders, topology), compared across
     ranks even when the plan is given; a constant on a device TorchRec has no topology for
     ("meta"), where the plan digest alone is compared."""
-    from fastinit.sharding._torchrec import topology_compute_devices
+    from fastinit.planner._torchrec import topology_compute_devices
 
     if device.type not in topology_compute_devices():
         return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()

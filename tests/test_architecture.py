@@ -93,8 +93,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "knobs", "trace", "compat", "ports", "_port_hashes", "seeding"),
     # the plan's data model: layouts, codec, fingerprint, cache, validation
     ("plan",),
-    # what uses a plan: module construction, process groups, checkpoints, the start-up messages
-    ("sharding", "pg", "checkpoint", "protocol"),
+    # what makes or uses a plan: the planner, module construction, process groups, checkpoints, the
+    # start-up messages
+    ("planner", "sharding", "pg", "checkpoint", "protocol"),
     # what runs them: setup, the warm-up stages, the start-up report
     ("startup", "warmup", "report"),
     # the package faces: ``import fastinit``, the command line, the test harness
@@ -124,6 +125,18 @@ def test_no_import_goes_up_a_layer() -> None:
         "fastinit.plan.codec -> fastinit.sharding.local"
     ]
     assert _upward(_imports()) == []
+
+
+def test_the_planner_and_construction_never_import_each_other() -> None:
+    graph = _imports()
+    crossing = sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        for t in targets
+        for a, b in (("planner", "sharding"), ("sharding", "planner"))
+        if m.startswith(f"fastinit.{a}") and t.startswith(f"fastinit.{b}")
+    )
+    assert not crossing, crossing
 
 
 def test_production_code_never_imports_the_test_harness() -> None:
@@ -159,12 +172,27 @@ _NOT_IN_MIRROR: dict[str, str] = {
 }
 
 
+def _mirror_of(upstream: str) -> str:
+    """The fastinit module that mirrors upstream module ``upstream``: the planner's
+    (``torchrec.distributed.planner.<path>``) in ``fastinit.planner.<path>``, the rest of
+    ``torchrec.distributed.<path>`` in ``fastinit.sharding.mirror.<path>``."""
+    path = upstream.removeprefix("torchrec.distributed.")
+    if path.startswith("planner."):
+        return "fastinit." + path
+    return "fastinit.sharding.mirror." + path
+
+
 def test_ported_code_in_upstream_named_files() -> None:
-    """Every ``ported`` TorchRec function lives in ``fastinit/sharding/mirror/<path>.py`` for
-    upstream ``torchrec/distributed/<path>.py``, so an upgrade's upstream diff maps file to file."""
+    """Every ``ported`` TorchRec function lives in the fastinit file named after its upstream file
+    (:func:`_mirror_of`), so an upgrade's upstream diff maps file to file."""
     from fastinit import ports
 
-    mirror = "fastinit.sharding.mirror."
+    assert _mirror_of("torchrec.distributed.planner.estimator.estimator") == (
+        "fastinit.planner.estimator.estimator"
+    )
+    assert _mirror_of("torchrec.distributed.sharding.rw_sharding") == (
+        "fastinit.sharding.mirror.sharding.rw_sharding"
+    )
     checked = 0
     covered: set[str] = set()
     for key, port in ports.PORTS.items():
@@ -177,10 +205,7 @@ def test_ported_code_in_upstream_named_files() -> None:
             continue
         checked += 1
         covered.add(upstream)
-        assert here.startswith(mirror + upstream.removeprefix("torchrec.distributed.") + "."), (
-            key,
-            port.where,
-        )
+        assert here.startswith(_mirror_of(upstream) + "."), (key, port.where)
     assert checked >= 15  # the enumerator, estimators, shardings, fused optimizer, EC, env, ...
     # the planner's proposers, partitioner, rating and planner are checked too (not exempt)
     planner = {"proposers", "partitioners", "perf_models", "planners", "enumerators"}

@@ -310,7 +310,7 @@ def test_describable_inputs_keep_the_cache() -> None:
     )
 
     from fastinit.plan.fingerprint import uncacheable_reason
-    from fastinit.sharding.planner import FastPlanner
+    from fastinit.planner import FastPlanner
 
     for planner in (
         None,

@@ -8,7 +8,8 @@ import sys
 
 def test_import_fastinit_loads_neither_torch_nor_torchrec() -> None:
     code = (
-        "import sys, fastinit, fastinit.sharding, fastinit.plan, fastinit.pg, fastinit.warmup\n"
+        "import sys, fastinit, fastinit.sharding, fastinit.plan, fastinit.planner, fastinit.pg\n"
+        "import fastinit.warmup\n"
         "import fastinit.knobs\n"
         "import fastinit.checkpoint\n"
         "heavy = [m for m in ('torch', 'torchrec', 'torchrec.distributed') if m in sys.modules]\n"
@@ -20,8 +21,8 @@ def test_import_fastinit_loads_neither_torch_nor_torchrec() -> None:
 
 def test_public_names_resolve_lazily() -> None:
     import fastinit
-    import fastinit.sharding
+    import fastinit.planner
 
     assert callable(fastinit.setup)
     assert issubclass(fastinit.StartupMismatchError, fastinit.StartupError)
-    assert fastinit.sharding.FastPlanner.__name__ == "FastPlanner"
+    assert fastinit.planner.FastPlanner.__name__ == "FastPlanner"

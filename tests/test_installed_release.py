@@ -30,9 +30,8 @@ from torchrec.distributed.types import KeyValueParams
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from fastinit.sharding import FastPlanner
-from fastinit.sharding import _torchrec as _tr
-from fastinit.sharding.mirror.planner import enumerators, shard_estimators
+from fastinit.planner import FastPlanner, enumerators, shard_estimators
+from fastinit.planner import _torchrec as _tr
 from fastinit.testing.dist import run_ranks
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)

@@ -35,10 +35,10 @@ from torchrec.distributed.types import CacheParams, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from fastinit.sharding import FastPlanner
-from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
-from fastinit.sharding.mirror.planner import planners as fast_planners
-from fastinit.sharding.mirror.planner import proposers as fast_proposers
+from fastinit.planner import FastPlanner
+from fastinit.planner import partitioners as fast_partitioners
+from fastinit.planner import planners as fast_planners
+from fastinit.planner import proposers as fast_proposers
 from fastinit.testing.models import plan_to_plain
 
 logging.getLogger("torchrec").setLevel(logging.ERROR)
@@ -572,7 +572,7 @@ def test_perf_shared_across_hash_sizes_equals_stock(monkeypatch: pytest.MonkeyPa
     hash sizes probed shows they are not read (table-wise, column-wise, ...), and keep their own
     where they are read (data-parallel reads the table size): every shard's perf is the stock
     one, and equals the one computed without sharing."""
-    from fastinit.sharding.mirror.planner.estimator import estimator as est
+    from fastinit.planner.estimator import estimator as est
 
     # same dims and dtypes, distinct row counts (the benchmark model's shape)
     tables = [
@@ -611,7 +611,7 @@ def test_storage_memo_on_alike_tables_equals_stock(monkeypatch: pytest.MonkeyPat
     """Options with equal storage inputs (alike tables) share one computation, looked up by the
     full key only once their sharding type, kernel and tensor were seen: every shard's storage
     is the stock one, and fewer computations run than there are options."""
-    from fastinit.sharding.mirror.planner import shard_estimators as se
+    from fastinit.planner import shard_estimators as se
 
     calls = 0
     real = se.calculate_shard_storages
@@ -639,7 +639,7 @@ def test_storage_memo_on_alike_tables_equals_stock(monkeypatch: pytest.MonkeyPat
 
 
 def test_hash_size_probe_allows_only_a_product_with_zero() -> None:
-    from fastinit.sharding.mirror.planner.estimator import estimator as est
+    from fastinit.planner.estimator import estimator as est
 
     probe = est._PROBE
     assert math.copysign(1.0, 0.0 * probe) == 1.0
@@ -711,11 +711,11 @@ def test_lower_bound_never_exceeds_rating() -> None:
 
 
 def test_import_is_cheap() -> None:
-    """``import fastinit.sharding`` loads neither torchrec.distributed nor the planner."""
+    """``import fastinit.planner`` loads neither torchrec.distributed nor the planner's modules."""
     code = (
-        "import sys, fastinit.sharding as s; "
+        "import sys, fastinit.planner as s; "
         "assert 'torchrec.distributed' not in sys.modules, 'torchrec.distributed imported'; "
-        "assert 'fastinit.sharding.planner' not in sys.modules; "
+        "assert 'fastinit.planner.planners' not in sys.modules; "
         "assert 'FastPlanner' in s.__all__"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -343,7 +343,7 @@ def _cache_cases(cache_dir: str) -> dict[str, Any]:
 
     import fastinit
     from fastinit.plan.cache import FastinitCacheWarning, PlanCache
-    from fastinit.sharding.planner import FastPlanner
+    from fastinit.planner import FastPlanner
     from fastinit.startup import plan_key
     from fastinit.testing.models import ModelSpec, build_model, build_plan
 

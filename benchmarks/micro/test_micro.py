@@ -102,7 +102,7 @@ def test_planner_small_2_ranks(benchmark: Any, which: str) -> None:
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from benchmarks.trainer import _sharders, model_spec
-    from fastinit.sharding.planner import FastPlanner
+    from fastinit.planner import FastPlanner
     from fastinit.testing.models import build_model
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)

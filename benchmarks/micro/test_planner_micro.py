@@ -50,8 +50,8 @@ def parts() -> dict[str, Any]:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from benchmarks.bench_planner import build_model
-    from fastinit.sharding import FastPlanner
-    from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
+    from fastinit.planner import FastPlanner
+    from fastinit.planner import partitioners as fast_partitioners
 
     model = build_model(TABLES)
     sharders = get_default_sharders()
@@ -86,7 +86,7 @@ def _replays(parts: dict[str, Any]) -> list[Any]:
         GridSearchProposer,
     )
 
-    from fastinit.sharding.mirror.planner import proposers as fast_proposers
+    from fastinit.planner import proposers as fast_proposers
 
     opts, lists = parts["opts"], parts["lists"]
     fqn_pos = {opts[lst[0]].fqn: f for f, lst in enumerate(lists)}
@@ -100,7 +100,7 @@ def _replays(parts: dict[str, Any]) -> list[Any]:
 
 def test_enumerate(benchmark: Any, parts: dict[str, Any]) -> None:
     """Enumeration and estimation of every option (a fresh enumerator: no cache)."""
-    from fastinit.sharding.mirror.planner import enumerators as tr
+    from fastinit.planner import enumerators as tr
 
     def run() -> int:
         enumerator = tr.FastEnumerator(topology=_topology(), batch_size=512)
@@ -111,7 +111,7 @@ def test_enumerate(benchmark: Any, parts: dict[str, Any]) -> None:
 
 def test_search_options(benchmark: Any, parts: dict[str, Any]) -> None:
     """Per-option search data and the device arrays."""
-    from fastinit.sharding.mirror.planner import partitioners as fast_partitioners
+    from fastinit.planner import partitioners as fast_partitioners
 
     def run() -> Any:
         opts = [fast_partitioners._Opt(c) for c in parts["space"]]
@@ -122,7 +122,7 @@ def test_search_options(benchmark: Any, parts: dict[str, Any]) -> None:
 
 def test_proposal_stream(benchmark: Any, parts: dict[str, Any]) -> None:
     """Every proposal of the stock proposers: applied, de-duplicated and bounded."""
-    from fastinit.sharding.mirror.planner import planners as fast_planners
+    from fastinit.planner import planners as fast_planners
 
     def run() -> int:
         stream = fast_planners._Stream(parts["opts"], len(parts["lists"]), RANKS)
@@ -152,7 +152,7 @@ def test_partition_and_rate(benchmark: Any, parts: dict[str, Any]) -> None:
 
 def test_plan(benchmark: Any, parts: dict[str, Any]) -> None:
     """``FastPlanner.plan`` end to end (a fresh planner: enumeration included)."""
-    from fastinit.sharding import FastPlanner
+    from fastinit.planner import FastPlanner
 
     def run() -> Any:
         return FastPlanner(topology=_topology()).plan(parts["model"], parts["sharders"])

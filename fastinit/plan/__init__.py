@@ -10,7 +10,7 @@
 * :func:`validate_plan` (``validate``): a plan checked against the module and the world before
   TorchRec is handed it (a cached plan is a hint, never an authority).
 
-The planner itself is :class:`fastinit.sharding.FastPlanner`. Nothing heavy is imported here: the
+The planner itself is :class:`fastinit.planner.FastPlanner`. Nothing heavy is imported here: the
 names below load their module (and TorchRec) on first use.
 """
 

@@ -1,6 +1,8 @@
-"""Sharding: the planner; local shard metadata; sharders; layouts as rules; TorchRec's kernels.
+"""Sharding: building the sharded modules: sharders, local shard metadata, per-shard answers from
+layout rules, TorchRec's kernels subclassed, and the ported construction code (``mirror/``).
 
-The plan's fingerprint, codec, cache and checks are in :mod:`fastinit.plan`.
+The plan (its layouts, fingerprint, codec, cache and checks) is :mod:`fastinit.plan`; the planner
+is :mod:`fastinit.planner`.
 
 Nothing heavy is imported here: names below load their module (and TorchRec) on first use.
 """
@@ -11,7 +13,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fastinit.sharding.planner import FastPlanner
     from fastinit.sharding.sharders import (
         FastEmbeddingBagCollectionSharder,
         FastEmbeddingCollectionSharder,
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 # public name -> module that defines it (add exports here)
 _LAZY: dict[str, str] = {
-    "FastPlanner": "fastinit.sharding.planner",
     "FastEmbeddingBagCollectionSharder": "fastinit.sharding.sharders",
     "FastEmbeddingCollectionSharder": "fastinit.sharding.sharders",
     "fast_sharders": "fastinit.sharding.sharders",
@@ -29,7 +29,6 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
     "FastEmbeddingCollectionSharder",
-    "FastPlanner",
     "fast_sharders",
 ]
 

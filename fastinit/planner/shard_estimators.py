@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import KeyValueParams, ShardingType
 from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
 
-from fastinit.sharding.mirror.planner.types import (
+from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
     _distinct,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastinit.sharding.mirror.planner.types import _UNIFORM
+from fastinit.planner.types import _UNIFORM
 
 
 def noop_rate(search: Any, proposal: Sequence[int], ranks: list[list[int]]) -> float:

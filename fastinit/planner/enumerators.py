@@ -42,12 +42,12 @@ from torchrec.modules.embedding_tower import (
     EmbeddingTowerCollection,
 )
 
-from fastinit.sharding.mirror.planner.estimator.estimator import (
+from fastinit.planner.estimator.estimator import (
     MemoPerfEstimator,
     _with_cached_dir,
 )
-from fastinit.sharding.mirror.planner.shard_estimators import MemoStorageEstimator
-from fastinit.sharding.mirror.planner.types import (
+from fastinit.planner.shard_estimators import MemoStorageEstimator
+from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
     _new_shard,

@@ -10,8 +10,8 @@ deep copies of the search space and of each new best plan.
 ``FastPlanner`` runs the same search and returns the same plan:
 
 * the same enumeration, with estimators that compute each distinct shard once
-  (``mirror.planner.enumerators.FastEnumerator``), so the search space holds the same numbers. Shards are
-  described, not built (``mirror.planner.types.CompactOption``: a data-parallel option's ``W`` alike shards
+  (``enumerators.FastEnumerator``), so the search space holds the same numbers. Shards are
+  described, not built (``types.CompactOption``: a data-parallel option's ``W`` alike shards
   are one size, one storage, one perf and a count); only the chosen options' shards are built;
 * the same proposers (grid search, the two greedy ones, uniform), replayed on indices, in the
   same order, with the same proposal cache. Proposals are streamed as the positions that change
@@ -94,10 +94,10 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.utils import bytes_to_gb, reset_shard_rank, storage_repr_in_gb
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
-from fastinit.sharding import _torchrec as _tr
-from fastinit.sharding.mirror.planner import enumerators as _en
-from fastinit.sharding.mirror.planner import types as _ty
-from fastinit.sharding.mirror.planner.partitioners import (
+from fastinit.planner import _torchrec as _tr
+from fastinit.planner import enumerators as _en
+from fastinit.planner import types as _ty
+from fastinit.planner.partitioners import (
     _CUT,
     _EXACT_BITS,
     _PRUNE_SLACK,
@@ -107,14 +107,14 @@ from fastinit.sharding.mirror.planner.partitioners import (
     _Search,
     _Unsupported,
 )
-from fastinit.sharding.mirror.planner.proposers import (
+from fastinit.planner.proposers import (
     _Changes,
     _GreedyReplay,
     _GridReplay,
     _ProposerReplay,
     _UniformReplay,
 )
-from fastinit.sharding.mirror.planner.types import _UNIFORM
+from fastinit.planner.types import _UNIFORM
 
 __all__ = ["FastPlanner"]
 

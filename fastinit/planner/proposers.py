@@ -17,8 +17,8 @@ from functools import reduce
 
 from torchrec.distributed.planner.proposers import GreedyProposer
 
-from fastinit.sharding import _torchrec as _tr
-from fastinit.sharding.mirror.planner.partitioners import _Opt, _Unsupported
+from fastinit.planner import _torchrec as _tr
+from fastinit.planner.partitioners import _Opt, _Unsupported
 
 logger: logging.Logger = logging.getLogger(__name__)
 

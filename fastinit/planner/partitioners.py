@@ -25,9 +25,9 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingType
 
-from fastinit.sharding.mirror.planner import perf_models as _pm
-from fastinit.sharding.mirror.planner import types as _ty
-from fastinit.sharding.mirror.planner.types import _CW_KEY_VALUE, _DEVICE, _HOST, _UNIFORM
+from fastinit.planner import perf_models as _pm
+from fastinit.planner import types as _ty
+from fastinit.planner.types import _CW_KEY_VALUE, _DEVICE, _HOST, _UNIFORM
 
 # Relative slack for pruning: a float sum of n non-negative terms is within n * 2**-53 of the exact
 # sum; 1e-9 covers a million terms with room to spare.

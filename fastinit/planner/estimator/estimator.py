@@ -29,7 +29,7 @@ from torchrec.distributed.planner.types import (
     ShardingOption,
 )
 
-from fastinit.sharding.mirror.planner.types import (
+from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
     _distinct,

@@ -1,17 +1,17 @@
-"""Every touch of a private TorchRec name made by ``fastinit.sharding``, in one place.
+"""Every touch of a private TorchRec name made by ``fastinit.planner``, in one place.
 
-Each section names the TorchRec version it was written against. When TorchRec is upgraded, read the
-upstream source of the names a section touches before bumping its pin.
+Written against torchrec 1.8.0. When TorchRec is upgraded, read the upstream source of the names
+below.
 """
 
 from __future__ import annotations
 
 # =================================================================================================
-# Section: planner (fastinit.sharding.planner.FastPlanner) -- written against torchrec 1.8.0.
+# Section: planner (fastinit.planner.FastPlanner) -- written against torchrec 1.8.0.
 #
 # The ported enumerator and estimators live in files named after the upstream ones:
-#   fastinit/sharding/mirror/planner/{enumerators,shard_estimators,types}.py and
-#   fastinit/sharding/mirror/planner/estimator/estimator.py (each lists what it touches).
+#   fastinit/planner/{enumerators,shard_estimators,types}.py and
+#   fastinit/planner/estimator/estimator.py (each lists what it touches).
 # Touches (the adapters FastPlanner reads and writes the stock components through):
 #   torchrec.distributed.planner.proposers: GreedyProposer._threshold,
 #       ._best_perf_rating, ._num_inferior_perf, ._use_depth; UniformProposer._use_depth;

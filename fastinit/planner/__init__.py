@@ -1,0 +1,36 @@
+"""The planner: :class:`FastPlanner`, TorchRec's ``EmbeddingShardingPlanner`` plan, found much sooner.
+
+Its modules are named after the TorchRec files they mirror
+(``torchrec/distributed/planner/<name>.py`` -> ``fastinit/planner/<name>.py``):
+``planners.py`` (``FastPlanner``, the proposal stream), ``proposers.py`` (the stock proposers,
+replayed on option indices), ``partitioners.py`` (the greedy partitioner and the rating, on flat
+arrays), ``perf_models.py``, ``enumerators.py``, ``shard_estimators.py``, ``types.py`` and
+``estimator/estimator.py``; ``_torchrec.py`` holds its touches of private TorchRec names. Every
+mirrored function is registered, with the hash of the upstream source per release, in
+``fastinit/ports.py`` (docs/ports.md). How the search returns the stock plan is in
+``planners.py`` and docs/planner.md.
+
+Nothing heavy is imported here: names below load their module (and TorchRec) on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastinit.planner.planners import FastPlanner
+
+# public name -> module that defines it (add exports here)
+_LAZY: dict[str, str] = {
+    "FastPlanner": "fastinit.planner.planners",
+}
+
+__all__ = ["FastPlanner"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastinit.planner' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

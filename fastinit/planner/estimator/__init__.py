@@ -1,0 +1,1 @@
+"""Mirrors of ``torchrec/distributed/planner/estimator/`` (see :mod:`fastinit.planner`)."""

@@ -1,1 +1,0 @@
-"""Mirrors of ``torchrec/distributed/planner/`` (see ``fastinit.sharding.mirror``)."""

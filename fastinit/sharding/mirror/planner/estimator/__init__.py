@@ -1,1 +1,0 @@
-"""Mirrors of ``torchrec/distributed/planner/estimator/`` (see ``fastinit.sharding.mirror``)."""

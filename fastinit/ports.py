@@ -110,7 +110,7 @@ PORTS: dict[str, Port] = {
         "planner", f"{_ES}.MemoPerfEstimator"
     ),
     f"{_P}estimator.annotations:_get_annotated_method": Port(
-        "planner", f"{_ES}._with_cached_dir", "assumed"
+        "planner", f"{_ES}.with_cached_dir", "assumed"
     ),
     f"{_P}estimator.estimator:EmbeddingShardingPerfEvaluator": Port(
         "planner", f"{_ES}._trial_fields", "assumed"
@@ -141,20 +141,20 @@ PORTS: dict[str, Port] = {
         "planner", f"{_SE}.MemoStorageEstimator._storages"
     ),
     f"{_P}types:ShardingOption.__deepcopy__": Port("planner", f"{_TY}.copy_sharding_options"),
-    f"{_P}types:Shard": Port("planner", f"{_TY}._new_shard", "assumed"),
-    f"{_P}types:Storage": Port("planner", f"{_TY}._new_storage", "assumed"),
-    f"{_P}types:Perf": Port("planner", f"{_TY}._perf_from_fields", "assumed"),
-    f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PR}._GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PR}._GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PR}._GreedyReplay"),
-    f"{_P}proposers:UniformProposer.load": Port("planner", f"{_PR}._UniformReplay"),
-    f"{_P}proposers:UniformProposer.propose": Port("planner", f"{_PR}._UniformReplay"),
-    f"{_P}proposers:UniformProposer.feedback": Port("planner", f"{_PR}._UniformReplay"),
-    f"{_P}proposers:GridSearchProposer.load": Port("planner", f"{_PR}._GridReplay"),
-    f"{_P}proposers:GridSearchProposer.propose": Port("planner", f"{_PR}._GridReplay"),
-    f"{_P}proposers:GridSearchProposer.feedback": Port("planner", f"{_PR}._GridReplay"),
+    f"{_P}types:Shard": Port("planner", f"{_TY}.new_shard", "assumed"),
+    f"{_P}types:Storage": Port("planner", f"{_TY}.new_storage", "assumed"),
+    f"{_P}types:Perf": Port("planner", f"{_TY}.perf_from_fields", "assumed"),
+    f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PR}.GreedyReplay"),
+    f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PR}.GreedyReplay"),
+    f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PR}.GreedyReplay"),
+    f"{_P}proposers:UniformProposer.load": Port("planner", f"{_PR}.UniformReplay"),
+    f"{_P}proposers:UniformProposer.propose": Port("planner", f"{_PR}.UniformReplay"),
+    f"{_P}proposers:UniformProposer.feedback": Port("planner", f"{_PR}.UniformReplay"),
+    f"{_P}proposers:GridSearchProposer.load": Port("planner", f"{_PR}.GridReplay"),
+    f"{_P}proposers:GridSearchProposer.propose": Port("planner", f"{_PR}.GridReplay"),
+    f"{_P}proposers:GridSearchProposer.feedback": Port("planner", f"{_PR}.GridReplay"),
     f"{_P}proposers:_sharding_option_score": Port("planner", f"{_PR}._score"),
-    f"{_P}partitioners:GreedyPerfPartitioner.partition": Port("planner", f"{_PA}._Search"),
+    f"{_P}partitioners:GreedyPerfPartitioner.partition": Port("planner", f"{_PA}.Search"),
     f"{_P}partitioners:GreedyPerfPartitioner._establish_minheap": Port(
         "planner", f"{_PA}._device_place"
     ),
@@ -162,7 +162,7 @@ PORTS: dict[str, Port] = {
         "planner", f"{_PA}._device_place"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._column_wise_device_partition": Port(
-        "planner", f"{_PA}._Search._cw_kv_place"
+        "planner", f"{_PA}.Search._cw_kv_place"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._multi_hosts_partition": Port(
         "planner", f"{_PA}._Hosts"
@@ -172,14 +172,14 @@ PORTS: dict[str, Port] = {
         "planner", f"{_PA}._Hosts"
     ),
     f"{_P}partitioners:GreedyPerfPartitioner._uniform_partition": Port(
-        "planner", f"{_PA}._Search.evaluate"
+        "planner", f"{_PA}.Search.evaluate"
     ),
     f"{_P}partitioners:OrderedDeviceHardware.__lt__": Port("planner", f"{_PA}._device_place"),
     f"{_P}partitioners:_sort_devices_by_perf": Port("planner", f"{_PA}._Hosts"),
     f"{_P}partitioners:_group_and_sort_non_uniform_sharding_options": Port(
-        "planner", f"{_PA}._Search.evaluate"
+        "planner", f"{_PA}.Search.evaluate"
     ),
-    f"{_P}partitioners:_get_uniform_sharding_options": Port("planner", f"{_PA}._Search.evaluate"),
+    f"{_P}partitioners:_get_uniform_sharding_options": Port("planner", f"{_PA}.Search.evaluate"),
     f"{_P}perf_models:NoopPerfModel.rate": Port("planner", f"{_PM}.noop_rate"),
     f"{_P}planners:EmbeddingShardingPlanner.__init__": Port("planner", f"{_PL}.FastPlanner"),
     f"{_P}planners:EmbeddingShardingPlanner.plan": Port(

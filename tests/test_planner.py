@@ -402,7 +402,7 @@ def test_stopped_partitions_and_alike_proposals_keep_the_stock_plan(name: str) -
     ],
 )
 def test_batched_partitions_keep_the_stock_plan(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Proposals partitioned together (``_Search.evaluate_batch``) give the stock plan."""
+    """Proposals partitioned together (``Search.evaluate_batch``) give the stock plan."""
     monkeypatch.setattr(FastPlanner, "_batch_min", 1)
     monkeypatch.setattr(FastPlanner, "_batch_max", 5)
     case = next(c for c in CASES if c.name == name)
@@ -432,9 +432,9 @@ def test_batched_partition_equals_one_by_one(
     monkeypatch: pytest.MonkeyPatch, name: str, host_block: int
 ) -> None:
     """``evaluate_batch`` gives every proposal of both greedy proposers the ranks and rating that
-    ``evaluate`` gives it, bit for bit, or hands it back (``_SCALAR``); hosts searched in one
+    ``evaluate`` gives it, bit for bit, or hands it back (``SCALAR``); hosts searched in one
     block or in blocks of 3 (the last one padded)."""
-    monkeypatch.setattr(fast_partitioners._Search, "host_block", host_block)
+    monkeypatch.setattr(fast_partitioners.Search, "host_block", host_block)
     case = next(c for c in CASES if c.name == name)
     planner = FastPlanner(topology=case.topology(), **case.planner_kwargs())
     opts, lists, search = _search_parts(planner, case.module(), case.world_size)
@@ -442,7 +442,7 @@ def test_batched_partition_equals_one_by_one(
     stream = fast_planners._Stream(opts, len(lists), case.world_size)
     vecs = []
     for use_depth in (True, False):
-        replay = fast_proposers._GreedyReplay(opts, lists, GreedyProposer(use_depth=use_depth))
+        replay = fast_proposers.GreedyReplay(opts, lists, GreedyProposer(use_depth=use_depth))
         changes = replay.propose()
         while changes is not None:
             stream.apply(changes)
@@ -454,7 +454,7 @@ def test_batched_partition_equals_one_by_one(
     batched = 0
     for vec, result in zip(vecs, results):
         expected = search.evaluate(vec)
-        if result is fast_partitioners._SCALAR:
+        if result is fast_partitioners.SCALAR:
             continue
         assert expected is not None
         ranks, rating = result
@@ -668,7 +668,7 @@ def test_hash_size_probe_allows_only_a_product_with_zero() -> None:
 def _search_parts(
     planner: FastPlanner, module: torch.nn.Module, ws: int
 ) -> tuple[list[Any], list[list[int]], Any]:
-    """The fast search's options, per-table option lists and ``_Search`` for ``module``."""
+    """The fast search's options, per-table option lists and ``Search`` for ``module``."""
     space = planner._enumerator.enumerate_compact(module, get_default_sharders())
     storage = planner._storage_reservation.reserve(
         topology=planner._topology,
@@ -676,11 +676,11 @@ def _search_parts(
         module=module,
         sharders=get_default_sharders(),
     )
-    opts = [fast_partitioners._Opt(c) for c in space]
+    opts = [fast_partitioners.Opt(c) for c in space]
     lists: dict[str, list[int]] = {}
     for i, o in enumerate(opts):
         lists.setdefault(o.fqn, []).append(i)
-    search = fast_partitioners._Search(opts, storage, ws, False, False)
+    search = fast_partitioners.Search(opts, storage, ws, False, False)
     return opts, list(lists.values()), search
 
 
@@ -693,7 +693,7 @@ def test_lower_bound_never_exceeds_rating() -> None:
         )
         opts, lists, search = _search_parts(planner, module, ws)
         stream = fast_planners._Stream(opts, len(lists), ws)
-        replay = fast_proposers._GreedyReplay(opts, lists, GreedyProposer())
+        replay = fast_proposers.GreedyReplay(opts, lists, GreedyProposer())
         checked = 0
         changes = replay.propose()
         while changes is not None:
@@ -766,8 +766,8 @@ def test_grid_search_skipped_at_thousands_of_tables() -> None:
 
     opts: Any = [SimpleNamespace(score_depth=0.0, score_sum=0.0)] * 40_000
     lists = [[2 * f, 2 * f + 1] for f in range(20_000)]  # 2**20000 proposals
-    assert fast_proposers._GridReplay(opts, lists, 10_000).propose() is None
-    small = fast_proposers._GridReplay(opts, lists[:3], 10_000)
+    assert fast_proposers.GridReplay(opts, lists, 10_000).propose() is None
+    small = fast_proposers.GridReplay(opts, lists[:3], 10_000)
     seen = []
     changes = small.propose()
     vec = [-1] * 3

@@ -5,10 +5,10 @@
 One benchmark per stage of ``FastPlanner.plan`` (see docs/planner.md for the cost model):
 
 * enumeration: options, shard sizes, and the two estimators (``FastEnumerator.enumerate_compact``);
-* the search's per-option data (``_Opt``) and device arrays (``_Search``);
+* the search's per-option data (``Opt``) and device arrays (``Search``);
 * the proposal stream: every proposal of the four stock proposers, hashed, de-duplicated and
   bounded (what ``_search_offline`` does before it partitions anything);
-* one partition and rating of a whole proposal (``_Search.evaluate``);
+* one partition and rating of a whole proposal (``Search.evaluate``);
 * ``plan()`` end to end.
 
 The model is ``benchmarks.bench_planner.build_model`` (dims 16..128, rows 1e3..1e6, every fifth
@@ -63,11 +63,11 @@ def parts() -> dict[str, Any]:
         sharders=sharders,
     )
     space = planner._enumerator.enumerate_compact(model, sharders)
-    opts = [fast_partitioners._Opt(c) for c in space]
+    opts = [fast_partitioners.Opt(c) for c in space]
     lists: dict[str, list[int]] = {}
     for i, o in enumerate(opts):
         lists.setdefault(o.fqn, []).append(i)
-    search = fast_partitioners._Search(opts, storage, RANKS, False, False)
+    search = fast_partitioners.Search(opts, storage, RANKS, False, False)
     return {
         "model": model,
         "sharders": sharders,
@@ -91,10 +91,10 @@ def _replays(parts: dict[str, Any]) -> list[Any]:
     opts, lists = parts["opts"], parts["lists"]
     fqn_pos = {opts[lst[0]].fqn: f for f, lst in enumerate(lists)}
     return [
-        fast_proposers._GridReplay(opts, lists, GridSearchProposer()._max_proposals),
-        fast_proposers._GreedyReplay(opts, lists, GreedyProposer()),
-        fast_proposers._GreedyReplay(opts, lists, GreedyProposer(use_depth=False)),
-        fast_proposers._UniformReplay(opts, fqn_pos, True),
+        fast_proposers.GridReplay(opts, lists, GridSearchProposer()._max_proposals),
+        fast_proposers.GreedyReplay(opts, lists, GreedyProposer()),
+        fast_proposers.GreedyReplay(opts, lists, GreedyProposer(use_depth=False)),
+        fast_proposers.UniformReplay(opts, fqn_pos, True),
     ]
 
 
@@ -114,8 +114,8 @@ def test_search_options(benchmark: Any, parts: dict[str, Any]) -> None:
     from fastinit.planner import partitioners as fast_partitioners
 
     def run() -> Any:
-        opts = [fast_partitioners._Opt(c) for c in parts["space"]]
-        return fast_partitioners._Search(opts, parts["storage"], RANKS, False, False)
+        opts = [fast_partitioners.Opt(c) for c in parts["space"]]
+        return fast_partitioners.Search(opts, parts["storage"], RANKS, False, False)
 
     benchmark.pedantic(run, rounds=3, iterations=1)
 

@@ -10,6 +10,10 @@ mirrored function is registered, with the hash of the upstream source per releas
 ``fastinit/ports.py`` (docs/ports.md). How the search returns the stock plan is in
 ``planners.py`` and docs/planner.md.
 
+What one of these modules uses from another is named without an underscore (``partitioners.Search``,
+``proposers.GreedyReplay``, ``types.UNIFORM``, ...): the package's internal API. A leading
+underscore means private to its module.
+
 Nothing heavy is imported here: names below load their module (and TorchRec) on first use.
 """
 

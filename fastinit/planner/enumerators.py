@@ -44,14 +44,14 @@ from torchrec.modules.embedding_tower import (
 
 from fastinit.planner.estimator.estimator import (
     MemoPerfEstimator,
-    _with_cached_dir,
+    with_cached_dir,
 )
 from fastinit.planner.shard_estimators import MemoStorageEstimator
 from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
-    _new_shard,
     copy_sharding_options,
+    new_shard,
 )
 
 
@@ -70,7 +70,7 @@ def default_fast_estimators(
         ``EmbeddingStorageEstimator(topology, constraints)``).
     """
     config_cls = EmbeddingPerfEstimatorFactory._registry[DEFAULT_PERF_ESTIMATOR.lower()]
-    config = _with_cached_dir(config_cls)()
+    config = with_cached_dir(config_cls)()
     return [
         MemoPerfEstimator(topology=topology, constraints=constraints, config=config),
         MemoStorageEstimator(topology=topology, constraints=constraints),
@@ -178,7 +178,7 @@ class FastEnumerator(EmbeddingEnumerator):
         for c in options:
             so = c.so
             so.shards = [
-                _new_shard(size, offset)
+                new_shard(size, offset)
                 for size, offset in zip(
                     c.shard_sizes(), c.offsets * c.n if c.replicated else c.offsets
                 )

@@ -1,13 +1,13 @@
 """Mirrors ``torchrec/distributed/planner/partitioners.py`` (written against torchrec 1.8.0).
 
 ``GreedyPerfPartitioner.partition`` replayed on option indices and flat per-device arrays
-(``_Search``, with ``_State``, ``_Hosts`` and ``_device_place``): uniform shards placed with vector
+(``Search``, with ``_State``, ``_Hosts`` and ``_device_place``): uniform shards placed with vector
 operations, device-placed shards on the least-loaded device that fits (``_establish_minheap``,
 ``_device_partition``, ``OrderedDeviceHardware.__lt__``), column-wise key-value options as
 ``_column_wise_device_partition`` places them, host-placed groups as ``_multi_hosts_partition``,
 ``_cohost_partition`` and ``_get_host_level_devices`` do, proposals partitioned together
-(``_Search.evaluate_batch``); ``NoopPerfModel.rate`` (``perf_models.py``) as ``_Search._rate``.
-``_Opt`` is the per-option data the search reads (from a ``types.CompactOption``). Used by
+(``Search.evaluate_batch``); ``NoopPerfModel.rate`` (``perf_models.py``) as ``Search._rate``.
+``Opt`` is the per-option data the search reads (from a ``types.CompactOption``). Used by
 ``FastPlanner`` (``planners.py``); registered in ``fastinit/ports.py``.
 """
 
@@ -27,14 +27,14 @@ from torchrec.distributed.types import ShardingType
 
 from fastinit.planner import perf_models as _pm
 from fastinit.planner import types as _ty
-from fastinit.planner.types import _CW_KEY_VALUE, _DEVICE, _HOST, _UNIFORM
+from fastinit.planner.types import CW_KEY_VALUE, DEVICE, HOST, UNIFORM
 
 # Relative slack for pruning: a float sum of n non-negative terms is within n * 2**-53 of the exact
 # sum; 1e-9 covers a million terms with room to spare.
-_PRUNE_SLACK = 1e-9
+PRUNE_SLACK = 1e-9
 
 
-class _Opt:
+class Opt:
     """Per sharding option data the search reads, computed once from the option's description.
 
     Shards are not built here: a data-parallel option at thousands of ranks has thousands of alike
@@ -84,45 +84,45 @@ class _Opt:
         self.group = so.dependency or so.fqn
         pb = so.partition_by
         if pb == PartitionByType.UNIFORM.value:
-            self.kind = _UNIFORM
+            self.kind = UNIFORM
         elif pb == PartitionByType.DEVICE.value:
             is_cw_kv = (
                 so.compute_kernel == "key_value"
                 and so.sharding_type == ShardingType.COLUMN_WISE.value
             )
-            self.kind = _CW_KEY_VALUE if is_cw_kv else _DEVICE
+            self.kind = CW_KEY_VALUE if is_cw_kv else DEVICE
         elif pb == PartitionByType.HOST.value:
-            self.kind = _HOST
+            self.kind = HOST
         else:
-            raise _Unsupported(f"partition_by={pb}")
+            raise Unsupported(f"partition_by={pb}")
         self.sharding_type = so.sharding_type
         n = self.n = c.n
         if not n:
-            raise _Unsupported("an option without shards")
+            raise Unsupported("an option without shards")
         st_d = self.st_d = c.st
         self.st_pos = c.st_pos
-        # Perf fields (_perf_fields order) -> the five that Perf.total adds up
+        # Perf fields (perf_fields order) -> the five that Perf.total adds up
         pf_d = self.pf_d = [(f[0], f[1], f[2], f[3], f[5]) for f in c.pf]
         self.pf_pos = c.pf_pos
         if not all(type(v) is int and v >= 0 for t in st_d for v in t):
-            raise _Unsupported("non-integer or negative storage")
+            raise Unsupported("non-integer or negative storage")
         if not all(type(v) in (int, float) and math.isfinite(v) for t in pf_d for v in t):
-            raise _Unsupported("non-finite perf")
+            raise Unsupported("non-finite perf")
         # Perf.total = fwd_compute + bwd_compute + fwd_comms + bwd_comms + prefetch_compute
         tot_d = self.tot_d = [t[0] + t[2] + t[1] + t[3] + t[4] for t in pf_d]
         if not all(math.isfinite(t) for t in tot_d):
-            raise _Unsupported("non-finite perf total")
+            raise Unsupported("non-finite perf total")
         tot = self.tot_full()
         # proposers._sharding_option_score: max([...]) / sum([...]) of the shards' perf totals
         self.score_depth = max(tot_d)
         self.score_sum = sum(tot)
-        # the exact sum (what math.fsum rounds), as an integer multiple of 2**-_EXACT_BITS
+        # the exact sum (what math.fsum rounds), as an integer multiple of 2**-EXACT_BITS
         if self.pf_pos is None:
-            self.tot_exact = n * _exact(tot_d[0])
+            self.tot_exact = n * exact(tot_d[0])
         else:
             pf_counts = _counts(self.pf_pos, len(tot_d), n)
-            self.tot_exact = sum(k * _exact(t) for k, t in zip(pf_counts, tot_d))
-        self.tot_sum = self.tot_exact / (1 << _EXACT_BITS)
+            self.tot_exact = sum(k * exact(t) for k, t in zip(pf_counts, tot_d))
+        self.tot_sum = self.tot_exact / (1 << EXACT_BITS)
         self.tot_min = min(tot_d)
         self.tot_max = max(tot_d)
         if self.st_pos is None:
@@ -141,8 +141,8 @@ class _Opt:
             max(s[1] for s in st_d),
             self.total_storage[1],
         )
-        self.const = self.kind == _UNIFORM and len(st_d) == 1 and len(pf_d) == 1
-        if self.kind == _UNIFORM:
+        self.const = self.kind == UNIFORM and len(st_d) == 1 and len(pf_d) == 1
+        if self.kind == UNIFORM:
             # read through st_d/pf_d/vecs(): uniform options may have a shard per rank
             self.st: list[tuple[int, int, int]] = []
             self.pf: list[tuple[float, ...]] = []
@@ -195,18 +195,18 @@ def _counts(pos: list[int] | None, k: int, n: int) -> list[int]:
     return out
 
 
-class _Unsupported(Exception):
+class Unsupported(Exception):
     """A search space or setting the fast search does not replay (the stock planner runs)."""
 
 
 # Exact sums of floats: every finite double is an integer multiple of 2**-1074.
-_EXACT_BITS = 1100
+EXACT_BITS = 1100
 
 
-def _exact(x: float) -> int:
-    """``x * 2**_EXACT_BITS`` as an exact integer."""
+def exact(x: float) -> int:
+    """``x * 2**EXACT_BITS`` as an exact integer."""
     num, den = float(x).as_integer_ratio()
-    return num << (_EXACT_BITS + 1 - den.bit_length())
+    return num << (EXACT_BITS + 1 - den.bit_length())
 
 
 # ---- the partitioner, replayed on flat arrays ----------------------------------------------------
@@ -217,23 +217,23 @@ class _Cut(Exception):
 
 
 class _CutType:
-    """The type of ``_CUT``, what ``_Search.evaluate`` returns for a partition it stopped."""
+    """The type of ``CUT``, what ``Search.evaluate`` returns for a partition it stopped."""
 
 
-_CUT = _CutType()
+CUT = _CutType()
 
 
 class _ScalarType:
-    """The type of ``_SCALAR``: a proposal that left ``_Search.evaluate_batch`` (evaluate it alone)."""
+    """The type of ``SCALAR``: a proposal that left ``Search.evaluate_batch`` (evaluate it alone)."""
 
 
-_SCALAR = _ScalarType()
+SCALAR = _ScalarType()
 
 
-def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
+def _partition_classes(opts: Sequence[Opt]) -> list[int]:
     """A class per option: options of one table that the partitioner and the rating treat alike.
 
-    ``_Search.evaluate`` and ``_Search._rate`` read of a non-uniform option only its kind, its
+    ``Search.evaluate`` and ``Search._rate`` read of a non-uniform option only its kind, its
     group, module path and table, its shard count, per-shard storage and perf, and its totals;
     a device-placed option's sharding type is not read (a one-shard column-wise option is placed
     as a table-wise one). Two proposals whose options are alike position by position get the
@@ -242,7 +242,7 @@ def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
     seen: dict[tuple[Any, ...], int] = {}
     out = []
     for i, o in enumerate(opts):
-        if o.kind == _UNIFORM:
+        if o.kind == UNIFORM:
             key: tuple[Any, ...] = ("uniform", i)
         else:
             key = (
@@ -250,7 +250,7 @@ def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
                 o.group,
                 o.path,
                 o.kind,
-                o.sharding_type if o.kind != _DEVICE else "",
+                o.sharding_type if o.kind != DEVICE else "",
                 o.n,
                 tuple(o.st),
                 tuple(o.pf),
@@ -262,7 +262,7 @@ def _partition_classes(opts: Sequence[_Opt]) -> list[int]:
     return out
 
 
-class _Search:
+class Search:
     """``GreedyPerfPartitioner.partition`` + ``NoopPerfModel.rate`` on option indices.
 
     Device state lives in flat lists indexed by device: remaining ``hbm``/``ddr``/``ssd`` (ints)
@@ -275,7 +275,7 @@ class _Search:
 
     def __init__(
         self,
-        opts: list[_Opt],
+        opts: list[Opt],
         storage_constraint: Topology,
         rating_world_size: int,
         sort_by_perf: bool,
@@ -290,10 +290,10 @@ class _Search:
         self.balance_modules = balance_modules
         self.rating_ws = rating_world_size
         if self.ranks != list(range(self.n_dev)) or self.n_dev > rating_world_size:
-            raise _Unsupported("devices are not ranks 0..n-1 of the rated world")
+            raise Unsupported("devices are not ranks 0..n-1 of the rated world")
         st0 = [(d.storage.hbm, d.storage.ddr, d.storage.ssd) for d in devices]
         if not all(type(v) is int for s in st0 for v in s):
-            raise _Unsupported("non-integer device storage")
+            raise Unsupported("non-integer device storage")
         pf0 = [
             (
                 d.perf.fwd_compute,
@@ -305,7 +305,7 @@ class _Search:
             for d in devices
         ]
         if not all(type(v) in (int, float) for p in pf0 for v in p):
-            raise _Unsupported("non-numeric device perf")
+            raise Unsupported("non-numeric device perf")
         self.st0_list = st0
         self.pf0_list = pf0
         self.st0 = np.array(st0, dtype=np.int64).T.copy().reshape(3, self.n_dev)
@@ -322,7 +322,7 @@ class _Search:
                 if j < self.n_dev:
                     self.host_of[j] = h
         if any(j >= self.n_dev for devs in self.hosts for j in devs):
-            raise _Unsupported("hosts reach past the devices")
+            raise Unsupported("hosts reach past the devices")
         self.all_tot_nonneg = all(t >= 0 for o in opts for t in o.tot_d)
         # every perf component >= 0 (options and devices): a device's load, summed in any order,
         # is then within n * 2**-53 of its exact value and never decreases as shards are placed,
@@ -332,7 +332,7 @@ class _Search:
         )
         self.classes = _partition_classes(opts)
         kinds = np.array([o.kind for o in opts])
-        uniform = kinds == _UNIFORM
+        uniform = kinds == UNIFORM
         self.lb_tot_sum = np.array([o.tot_sum for o in opts], dtype=np.float64)
         self.lb_uni_min = np.where(uniform, [o.tot_min for o in opts], 0.0)
         self.lb_nu_max = np.where(uniform, 0.0, [o.tot_max for o in opts])
@@ -394,17 +394,17 @@ class _Search:
 
         A device's load only grows as shards are placed, and the rating is at least the final
         load of every device (both summed in float from non-negative terms, so within a relative
-        ``n * 2**-53`` of the exact sums). Called with ``cutoff = best * (1 + _PRUNE_SLACK)``, a
+        ``n * 2**-53`` of the exact sums). Called with ``cutoff = best * (1 + PRUNE_SLACK)``, a
         proposal that is stopped has a rating above ``best``. Without ``can_cut`` (a negative
         perf component) the partition runs to the end.
 
         Returns:
-            what ``evaluate`` returns, or ``_CUT`` where the partition stopped.
+            what ``evaluate`` returns, or ``CUT`` where the partition stopped.
         """
         try:
             return self._evaluate(proposal, cutoff if self.can_cut else None)
         except _Cut:
-            return _CUT
+            return CUT
 
     def _evaluate(
         self, proposal: Sequence[int], cutoff: float | None
@@ -415,7 +415,7 @@ class _Search:
         assigned: list[list[int] | None] = [None] * len(proposal)
 
         # 1. uniform options (data parallel, row wise), in proposal order
-        uni = [pos for pos, i in enumerate(proposal) if opts[i].kind == _UNIFORM]
+        uni = [pos for pos, i in enumerate(proposal) if opts[i].kind == UNIFORM]
         for pos in uni:
             if opts[proposal[pos]].n != n_dev:
                 return None
@@ -455,7 +455,7 @@ class _Search:
         # 2. the other options, grouped by dependency (or fqn) and sorted as the stock partitioner
         groups: dict[str, list[int]] = {}
         for pos, i in enumerate(proposal):
-            if opts[i].kind != _UNIFORM:
+            if opts[i].kind != UNIFORM:
                 groups.setdefault(opts[i].group, []).append(pos)
         if groups:
             param_count: dict[str, int] = {}
@@ -487,7 +487,7 @@ class _Search:
             hosts = _Hosts(self, state) if self.hosts else None
             for _, positions in keyed:
                 kind = opts[proposal[positions[0]]].kind
-                if kind == _HOST:
+                if kind == HOST:
                     if hosts is None or not hosts.place_group(proposal, positions, assigned):
                         return None
                     heap = None
@@ -501,7 +501,7 @@ class _Search:
                 if heap is None:
                     heap = [(tot_l[j], dev_ranks[j] % lws, dev_ranks[j], j) for j in range(n_dev)]
                     heapq.heapify(heap)
-                if kind == _CW_KEY_VALUE:
+                if kind == CW_KEY_VALUE:
                     r = self._cw_kv_place(o, heap, state)
                 else:
                     r = _device_place(o, heap, state, None)
@@ -531,11 +531,11 @@ class _Search:
         own loads, with the same IEEE operations, in the same order, as ``evaluate``: the
         results are those of ``evaluate``, bit for bit. A proposal whose chosen host or device
         does not fit (the stock partitioner then tries the next one), or whose uniform options
-        are not the alike ones of the scalar path, leaves the batch: its entry is ``_SCALAR``
+        are not the alike ones of the scalar path, leaves the batch: its entry is ``SCALAR``
         and the caller evaluates it alone.
 
         Returns:
-            per proposal ``(ranks getter, rating)`` or ``_SCALAR``; None where the batch does not
+            per proposal ``(ranks getter, rating)`` or ``SCALAR``; None where the batch does not
             apply (options placed another way, groups of several tables).
         """
         if not self.batch_ok or not vecs:
@@ -567,7 +567,7 @@ class _Search:
         items: list[tuple[int, int, np.ndarray]] = []
         for f, i, mem in cols:
             o = opts[i]
-            if o.kind == _UNIFORM:
+            if o.kind == UNIFORM:
                 if o.n != n_dev or not o.const:
                     alive[mem] = False
                     continue
@@ -576,8 +576,8 @@ class _Search:
                 for arr_f, v_f in zip(bpf, o.pf_d[0]):
                     arr_f[mem] += v_f
                 uni_cols.append((f, i, mem))
-            elif o.kind == _DEVICE or (
-                o.kind == _HOST and o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value
+            elif o.kind == DEVICE or (
+                o.kind == HOST and o.sharding_type == ShardingType.TABLE_COLUMN_WISE.value
             ):
                 items.append((f, i, mem))
             else:
@@ -683,7 +683,7 @@ class _Search:
             if i not in o_st:
                 o_st[i] = np.array(o.st, dtype=np.int64)[:, rows].reshape(o.n, n_rows)
                 o_pf[i] = np.array(o.pf, dtype=np.float64).reshape(o.n, 5)
-            if o.kind == _HOST:
+            if o.kind == HOST:
                 host = least_host(idx)
                 if n_rows:
                     need = np.array(o.total_storage, dtype=np.int64)[rows]
@@ -733,7 +733,7 @@ class _Search:
             def build() -> list[list[int]]:
                 vec = mat[m]
                 out: list[list[int]] = [
-                    self.ranks if kinds[i] == _UNIFORM else [] for i in vec.tolist()
+                    self.ranks if kinds[i] == UNIFORM else [] for i in vec.tolist()
                 ]
                 for f, _, _, idx, j in rec:
                     p = int(np.searchsorted(idx, m))
@@ -743,10 +743,10 @@ class _Search:
 
             return build
 
-        return [(ranks_of(m), ratings[m]) if alive[m] else _SCALAR for m in range(n_b)]
+        return [(ranks_of(m), ratings[m]) if alive[m] else SCALAR for m in range(n_b)]
 
     def _cw_kv_place(
-        self, o: _Opt, heap: list[tuple[float, int, int, int]], state: _State
+        self, o: Opt, heap: list[tuple[float, int, int, int]], state: _State
     ) -> list[int] | None:
         """``GreedyPerfPartitioner._column_wise_device_partition``: one shard per device."""
         if o.n > len(heap):
@@ -828,7 +828,7 @@ class _State:
             self.tot[j],
         ) = saved[1:]
 
-    def apply(self, o: _Opt, s: int, j: int, undo: list[tuple[Any, ...]] | None) -> None:
+    def apply(self, o: Opt, s: int, j: int, undo: list[tuple[Any, ...]] | None) -> None:
         """Place shard ``s`` of ``o`` on device ``j``: ``storage -= ...; perf += ...``."""
         if undo is not None:
             undo.append(self.save(j))
@@ -857,7 +857,7 @@ class _Hosts:
     in that order until one takes the group.
     """
 
-    def __init__(self, search: _Search, state: _State) -> None:
+    def __init__(self, search: Search, state: _State) -> None:
         self.search = search
         self.state = state
         self.sums: list[float] = [0.0] * len(search.hosts)
@@ -974,7 +974,7 @@ class _Hosts:
 
 
 def _device_place(
-    o: _Opt,
+    o: Opt,
     heap: list[tuple[float, int, int, int]],
     state: _State,
     undo: list[tuple[Any, ...]] | None,

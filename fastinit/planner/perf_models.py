@@ -1,7 +1,7 @@
 """Mirrors ``torchrec/distributed/planner/perf_models.py`` (written against torchrec 1.8.0).
 
 ``NoopPerfModel.rate`` ported as ``noop_rate``: the rating of a partitioned proposal, on the flat
-arrays of the partitioner replay (``partitioners._Search._rate`` calls it). Registered in
+arrays of the partitioner replay (``partitioners.Search._rate`` calls it). Registered in
 ``fastinit/ports.py``.
 """
 
@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from fastinit.planner.types import _UNIFORM
+from fastinit.planner.types import UNIFORM
 
 
 def noop_rate(search: Any, proposal: Sequence[int], ranks: list[list[int]]) -> float:
     """``NoopPerfModel.rate``: per-rank sums in proposal order, then the maximum.
 
-    ``search`` is the ``partitioners._Search`` (its options and rated world size; not imported
+    ``search`` is the ``partitioners.Search`` (its options and rated world size; not imported
     here: ``partitioners`` imports this module).
     """
     opts = search.opts
@@ -27,7 +27,7 @@ def noop_rate(search: Any, proposal: Sequence[int], ranks: list[list[int]]) -> f
     run_t: list[float] = []
     for pos, i in enumerate(proposal):
         o = opts[i]
-        if o.kind == _UNIFORM and o.n == search.rating_ws:
+        if o.kind == UNIFORM and o.n == search.rating_ws:
             if run_r:
                 np.add.at(perfs, run_r, run_t)
                 run_r, run_t = [], []
@@ -37,7 +37,7 @@ def noop_rate(search: Any, proposal: Sequence[int], ranks: list[list[int]]) -> f
                 perfs += o.vecs()[2]
         else:
             run_r.extend(ranks[pos])
-            run_t.extend(o.tot if o.kind != _UNIFORM else o.tot_full())
+            run_t.extend(o.tot if o.kind != UNIFORM else o.tot_full())
     if run_r:
         np.add.at(perfs, run_r, run_t)
     return float(perfs.max())

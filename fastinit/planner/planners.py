@@ -98,23 +98,23 @@ from fastinit.planner import _torchrec as _tr
 from fastinit.planner import enumerators as _en
 from fastinit.planner import types as _ty
 from fastinit.planner.partitioners import (
-    _CUT,
-    _EXACT_BITS,
-    _PRUNE_SLACK,
-    _SCALAR,
-    _exact,
-    _Opt,
-    _Search,
-    _Unsupported,
+    CUT,
+    EXACT_BITS,
+    PRUNE_SLACK,
+    SCALAR,
+    Opt,
+    Search,
+    Unsupported,
+    exact,
 )
 from fastinit.planner.proposers import (
-    _Changes,
-    _GreedyReplay,
-    _GridReplay,
-    _ProposerReplay,
-    _UniformReplay,
+    Changes,
+    GreedyReplay,
+    GridReplay,
+    ProposerReplay,
+    UniformReplay,
 )
-from fastinit.planner.types import _UNIFORM
+from fastinit.planner.types import UNIFORM
 
 __all__ = ["FastPlanner"]
 
@@ -136,7 +136,7 @@ class _Stream:
 
     def __init__(
         self,
-        opts: Sequence[_Opt],
+        opts: Sequence[Opt],
         n_tables: int,
         rating_ws: int,
         classes: Sequence[int] | None = None,
@@ -156,8 +156,8 @@ class _Stream:
         self.hc = 0
         self.hcs: list[int] = []
         self._v_tot = [o.tot_exact for o in opts]
-        self._v_umin = [_exact(o.tot_min) if o.kind == _UNIFORM else 0 for o in opts]
-        self._nu = [0.0 if o.kind == _UNIFORM else o.tot_max for o in opts]
+        self._v_umin = [exact(o.tot_min) if o.kind == UNIFORM else 0 for o in opts]
+        self._nu = [0.0 if o.kind == UNIFORM else o.tot_max for o in opts]
         self._s_tot = 0
         self._s_umin = 0
         self._heap: list[tuple[float, int, int]] = []
@@ -168,7 +168,7 @@ class _Stream:
         self._interval = max(64, n_tables // 16)
         self.ends: list[int] = []
 
-    def apply(self, changes: _Changes) -> int:
+    def apply(self, changes: Changes) -> int:
         """Make ``changes`` the current proposal; returns its index in the stream."""
         cur = self.cur
         z, zc, v_tot, v_umin, nu = self._z, self._zc, self._v_tot, self._v_umin, self._nu
@@ -202,12 +202,12 @@ class _Stream:
         return list(map(self.classes.__getitem__, self.vector(s)))
 
     def bound(self) -> float:
-        """A lower bound of the current proposal's rating (``_Search.lower_bound``)."""
+        """A lower bound of the current proposal's rating (``Search.lower_bound``)."""
         heap, cur = self._heap, self.cur
         while heap and cur[heap[0][1]] != heap[0][2]:
             heapq.heappop(heap)
         largest = -heap[0][0] if heap else 0.0
-        scale = 1 << _EXACT_BITS
+        scale = 1 << EXACT_BITS
         avg = (self._s_tot / scale) / self.rating_ws
         return max(avg, self._s_umin / scale + largest)
 
@@ -237,7 +237,7 @@ class _Stream:
 _Best = tuple[list[int], list[list[int]]]
 
 
-def _proposal_storage(opts: Sequence[_Opt], proposal: Sequence[int]) -> Storage:
+def _proposal_storage(opts: Sequence[Opt], proposal: Sequence[int]) -> Storage:
     """The sum of every shard's storage in ``proposal`` (integers: any order gives the same)."""
     h = d = x = 0
     for i in proposal:
@@ -368,7 +368,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         self._num_twins = 0
         self._num_batched = 0
 
-    #: the offline search partitions proposals together (``_Search.evaluate_batch``) when at least
+    #: the offline search partitions proposals together (``Search.evaluate_batch``) when at least
     #: ``_batch_min`` of them have a bound below the best rating found, up to ``_batch_max``
     _batch_min = 8
     _batch_max = 512
@@ -420,7 +420,7 @@ class FastPlanner(EmbeddingShardingPlanner):
             if self.fallback_reason is None:
                 try:
                     return self._fast_plan(module, sharders)
-                except _Unsupported as e:
+                except Unsupported as e:
                     self.fallback_reason = str(e)
             logger.info(f"FastPlanner: running the stock planner ({self.fallback_reason})")
             return super().plan(module, sharders)
@@ -457,14 +457,14 @@ class FastPlanner(EmbeddingShardingPlanner):
                     for so in self._enumerator.enumerate(module=module, sharders=sharders)
                 ]
             except _ty.CompactUnsupported as e:
-                raise _Unsupported(str(e)) from e
+                raise Unsupported(str(e)) from e
         if hasattr(self, "_search_space"):  # 1.9: get_search_space() gives it (built on demand)
             cast(Any, self)._search_space = None
             self._fastinit_space = space
         if not space:
             return ShardingPlan({})
 
-        opts = [_Opt(c) for c in space]
+        opts = [Opt(c) for c in space]
         seen: set[tuple[str, str, str]] = set()
         fqn_pos: dict[str, int] = {}
         lists: list[list[int]] = []
@@ -472,14 +472,14 @@ class FastPlanner(EmbeddingShardingPlanner):
             k = (o.fqn, o.so.sharding_type, o.so.compute_kernel)
             if k in seen:
                 # the stock proposal cache keys on option hashes; keep its semantics exactly
-                raise _Unsupported("two options with the same fqn, sharding type and kernel")
+                raise Unsupported("two options with the same fqn, sharding type and kernel")
             seen.add(k)
             f = fqn_pos.setdefault(o.fqn, len(fqn_pos))
             if f == len(lists):
                 lists.append([])
             lists[f].append(i)
         sort_by, balance_modules = _tr.partitioner_settings(self._partitioner)
-        search = _Search(
+        search = Search(
             opts,
             storage_constraint,
             rating_world_size=_tr.perf_model_world_size(self._perf_model),
@@ -487,14 +487,14 @@ class FastPlanner(EmbeddingShardingPlanner):
             balance_modules=balance_modules,
         )
 
-        replays: list[_ProposerReplay] = []
+        replays: list[ProposerReplay] = []
         for p in self._proposers:
             if type(p) is GridSearchProposer:
-                replays.append(_GridReplay(opts, lists, _tr.grid_max_proposals(p)))
+                replays.append(GridReplay(opts, lists, _tr.grid_max_proposals(p)))
             elif type(p) is GreedyProposer:
-                replays.append(_GreedyReplay(opts, lists, p))
+                replays.append(GreedyReplay(opts, lists, p))
             else:
-                replays.append(_UniformReplay(opts, fqn_pos, _tr.uniform_proposer_use_depth(p)))
+                replays.append(UniformReplay(opts, fqn_pos, _tr.uniform_proposer_use_depth(p)))
 
         stream = _Stream(opts, len(lists), search.rating_ws, search.classes)
         if self._timeout_seconds or any(r.needs_rating for r in replays):
@@ -510,7 +510,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         raise AssertionError("unreachable")
 
     def _search_offline(
-        self, replays: list[_ProposerReplay], search: _Search, stream: _Stream
+        self, replays: list[ProposerReplay], search: Search, stream: _Stream
     ) -> tuple[_Best | None, list[int] | None, Storage]:
         """The search when the proposal sequence does not depend on feedback (no timeout).
 
@@ -565,7 +565,7 @@ class FastPlanner(EmbeddingShardingPlanner):
             if result is None:
                 failed.append(j)
                 return
-            if result is _CUT:
+            if result is CUT:
                 # stopped above an earlier best rating: above the best one now
                 if not twin:
                     self._num_cut += 1
@@ -581,7 +581,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         def cutoff_evaluate(vec: list[int]) -> Any:
             if best is None or not search.can_cut:
                 return search.evaluate(vec)
-            return search.evaluate_cut(vec, best_rating * (1 + _PRUNE_SLACK))
+            return search.evaluate_cut(vec, best_rating * (1 + PRUNE_SLACK))
 
         batching = search.batch_ok and lbs is not None
         handled = [False] * len(order)
@@ -591,7 +591,7 @@ class FastPlanner(EmbeddingShardingPlanner):
                 p += 1
                 continue
             j = order[p]
-            if lbs is not None and best is not None and lbs[j] * (1 - _PRUNE_SLACK) > best_rating:
+            if lbs is not None and best is not None and lbs[j] * (1 - PRUNE_SLACK) > best_rating:
                 break
             batch: list[int] = []
             batch_at: list[int] = []
@@ -606,7 +606,7 @@ class FastPlanner(EmbeddingShardingPlanner):
                     q < len(order)
                     and len(batch) < self._batch_max
                     and q - p < 4 * self._batch_max
-                    and lbs[order[q]] * (1 - _PRUNE_SLACK) <= best_rating
+                    and lbs[order[q]] * (1 - PRUNE_SLACK) <= best_rating
                 ):
                     if not handled[q]:
                         other = search.canon[np.array(stream.vector(ids[order[q]]), dtype=np.intp)]
@@ -654,7 +654,7 @@ class FastPlanner(EmbeddingShardingPlanner):
                 batching = False
                 continue
             for k, r in enumerate(results):
-                if r is _SCALAR:
+                if r is SCALAR:
                     results[k] = cutoff_evaluate(pending[k])
                 else:
                     self._num_batched += 1
@@ -681,7 +681,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         return best, last_failed, lowest_storage
 
     def _search_online(
-        self, replays: list[_ProposerReplay], search: _Search, stream: _Stream
+        self, replays: list[ProposerReplay], search: Search, stream: _Stream
     ) -> tuple[_Best | None, list[int] | None, Storage]:
         """The stock proposal loop, proposal by proposal (a timeout, or feedback-driven proposers)."""
         lowest_storage = Storage(MAX_SIZE, MAX_SIZE, MAX_SIZE)
@@ -723,7 +723,7 @@ class FastPlanner(EmbeddingShardingPlanner):
                     can_prune
                     and best is not None
                     and not replay.needs_rating
-                    and stream.bound() * (1 - _PRUNE_SLACK) >= best_perf_rating
+                    and stream.bound() * (1 - PRUNE_SLACK) >= best_perf_rating
                 ):
                     cache[s] = (None, None)
                     replay.feedback(True, None)
@@ -753,7 +753,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         self,
         module: nn.Module,
         sharders: list[ModuleSharder[nn.Module]],
-        opts: list[_Opt],
+        opts: list[Opt],
         best: _Best,
         start_time: float,
     ) -> ShardingPlan:
@@ -799,7 +799,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         self,
         sharders: list[ModuleSharder[nn.Module]],
         storage_constraint: Topology,
-        opts: list[_Opt],
+        opts: list[Opt],
         last_failed: list[int] | None,
         lowest_storage: Storage,
         start_time: float,

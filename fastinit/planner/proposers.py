@@ -1,8 +1,8 @@
 """Mirrors ``torchrec/distributed/planner/proposers.py`` (written against torchrec 1.8.0).
 
 ``GridSearchProposer``, ``GreedyProposer`` and ``UniformProposer`` (``load``, ``propose``,
-``feedback``) replayed on option indices as ``_GridReplay``, ``_GreedyReplay`` and
-``_UniformReplay``: the same proposals in the same order, handed over as the positions of the
+``feedback``) replayed on option indices as ``GridReplay``, ``GreedyReplay`` and
+``UniformReplay``: the same proposals in the same order, handed over as the positions of the
 proposal vector that change; ``_sharding_option_score`` as ``_score``. Used by ``FastPlanner``
 (``planners.py``); registered in ``fastinit/ports.py``.
 """
@@ -18,12 +18,12 @@ from functools import reduce
 from torchrec.distributed.planner.proposers import GreedyProposer
 
 from fastinit.planner import _torchrec as _tr
-from fastinit.planner.partitioners import _Opt, _Unsupported
+from fastinit.planner.partitioners import Opt, Unsupported
 
 logger: logging.Logger = logging.getLogger(__name__)
 
 
-def _score(opt: _Opt, use_depth: bool) -> float:
+def _score(opt: Opt, use_depth: bool) -> float:
     """``proposers._sharding_option_score``: ``max`` or ``sum`` of the shards' ``perf.total``.
 
     Computed as the stock function does (``max([...])`` / ``sum([...])`` of the same list), once.
@@ -31,7 +31,7 @@ def _score(opt: _Opt, use_depth: bool) -> float:
     return opt.score_depth if use_depth else opt.score_sum
 
 
-def _by_fqn(opts: Sequence[_Opt], indices: Sequence[int]) -> dict[str, list[int]]:
+def _by_fqn(opts: Sequence[Opt], indices: Sequence[int]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for i in indices:
         out.setdefault(opts[i].fqn, []).append(i)
@@ -46,15 +46,15 @@ def _by_fqn(opts: Sequence[_Opt], indices: Sequence[int]) -> dict[str, list[int]
 # differ in few positions (greedy: exactly one), so each replay hands over only the positions
 # that change, as ``(f, option index)`` pairs; the first proposal lists every position.
 
-_Changes = list[tuple[int, int]]
+Changes = list[tuple[int, int]]
 
 
-class _ProposerReplay:
+class ProposerReplay:
     """The proposal sequence of one stock proposer, as changes of the proposal vector."""
 
     needs_rating: bool = False
 
-    def propose(self) -> _Changes | None:
+    def propose(self) -> Changes | None:
         """The current proposal as changes from this proposer's previous one; None when done."""
         raise NotImplementedError
 
@@ -65,13 +65,13 @@ class _ProposerReplay:
         """Write back state the stock proposer carries between ``plan`` calls."""
 
 
-class _GridReplay(_ProposerReplay):
+class GridReplay(ProposerReplay):
     """``GridSearchProposer``: ``itertools.product`` of the per-table lists, as an odometer."""
 
-    def __init__(self, opts: Sequence[_Opt], lists: list[list[int]], max_proposals: int) -> None:
+    def __init__(self, opts: Sequence[Opt], lists: list[list[int]], max_proposals: int) -> None:
         self._lists = [sorted(lst, key=lambda i: _score(opts[i], True)) for lst in lists]
         total = reduce(lambda a, b: a * b, (len(lst) for lst in self._lists), 1)
-        self._next: _Changes | None = None
+        self._next: Changes | None = None
         if total > max_proposals:
             # the stock message; a product of thousands of lengths has more digits than
             # int -> str allows by default, hence Decimal (as stock does above 1e6)
@@ -88,11 +88,11 @@ class _GridReplay(_ProposerReplay):
         if self._lists:
             self._next = [(f, lst[0]) for f, lst in enumerate(self._lists)]
 
-    def propose(self) -> _Changes | None:
+    def propose(self) -> Changes | None:
         return self._next
 
     def feedback(self, partitionable: bool, perf_rating: float | None) -> None:
-        changes: _Changes = []
+        changes: Changes = []
         for f in self._movable:
             lst = self._lists[f]
             i = self._idx[f] + 1
@@ -106,11 +106,11 @@ class _GridReplay(_ProposerReplay):
         self._next = None
 
 
-class _GreedyReplay(_ProposerReplay):
+class GreedyReplay(ProposerReplay):
     """``GreedyProposer``: each step moves the table with the largest storage to its next option."""
 
     def __init__(
-        self, opts: Sequence[_Opt], lists: list[list[int]], proposer: GreedyProposer
+        self, opts: Sequence[Opt], lists: list[list[int]], proposer: GreedyProposer
     ) -> None:
         self._proposer = proposer
         use_depth, threshold, best, inferior = _tr.greedy_proposer_state(proposer)
@@ -121,7 +121,7 @@ class _GreedyReplay(_ProposerReplay):
         self._lists = [sorted(lst, key=lambda i: _score(opts[i], use_depth)) for lst in lists]
         self._keys = {i: opts[i].greedy_key for lst in self._lists for i in lst}
         self._cur: list[int] | None = [0] * len(self._lists)
-        self._next: _Changes | None = [(f, lst[0]) for f, lst in enumerate(self._lists)]
+        self._next: Changes | None = [(f, lst[0]) for f, lst in enumerate(self._lists)]
         if not self._lists:
             self._cur = None
         self._heap: list[tuple[tuple[int, ...], int, int]] = []
@@ -136,7 +136,7 @@ class _GreedyReplay(_ProposerReplay):
             key = self._keys[lst[idx]]
             heapq.heappush(self._heap, (tuple(-k for k in key), f, idx))
 
-    def propose(self) -> _Changes | None:
+    def propose(self) -> Changes | None:
         if not self._cur:
             return None
         return self._next
@@ -167,25 +167,25 @@ class _GreedyReplay(_ProposerReplay):
         _tr.set_greedy_proposer_state(self._proposer, self._best, self._inferior)
 
 
-class _UniformReplay(_ProposerReplay):
+class UniformReplay(ProposerReplay):
     """``UniformProposer``: per sharding type held by every table, each table's best option."""
 
-    def __init__(self, opts: Sequence[_Opt], fqn_pos: dict[str, int], use_depth: bool) -> None:
+    def __init__(self, opts: Sequence[Opt], fqn_pos: dict[str, int], use_depth: bool) -> None:
         by_type: dict[str, dict[str, list[int]]] = {}
         for i, o in enumerate(opts):
             by_type.setdefault(o.sharding_type, {}).setdefault(o.fqn, []).append(i)
-        self._proposals: list[_Changes] = []
+        self._proposals: list[Changes] = []
         for by_fqn in by_type.values():
             for lst in by_fqn.values():
                 lst.sort(key=lambda i: _score(opts[i], use_depth))
             if by_fqn.keys() == fqn_pos.keys():
                 changes = [(fqn_pos[fqn], lst[0]) for fqn, lst in by_fqn.items()]
                 if [f for f, _ in changes] != list(range(len(changes))):
-                    raise _Unsupported("a uniform proposal lists tables in another order")
+                    raise Unsupported("a uniform proposal lists tables in another order")
                 self._proposals.append(changes)
         self._index = 0
 
-    def propose(self) -> _Changes | None:
+    def propose(self) -> Changes | None:
         if self._index < len(self._proposals):
             return self._proposals[self._index]
         return None

@@ -30,8 +30,8 @@ from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
 from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
-    _distinct,
-    _new_storage,
+    distinct_values,
+    new_storage,
 )
 
 
@@ -280,10 +280,10 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             if len(storages) == 1 and n_shards > 1:
                 hbm, ddr, ssd = storages[0]
                 for shard in sharding_option.shards:
-                    shard.storage = _new_storage(hbm, ddr, ssd)
+                    shard.storage = new_storage(hbm, ddr, ssd)
             else:
                 for shard, (hbm, ddr, ssd) in zip(sharding_option.shards, storages):
-                    shard.storage = _new_storage(hbm, ddr, ssd)
+                    shard.storage = new_storage(hbm, ddr, ssd)
 
     def estimate_compact(
         self, options: list[CompactOption], sharder_data_map: SharderDataMap
@@ -303,4 +303,4 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             storages = self._storages(so, sizes, c.n, sharder_data_map, memo)
             if storages and type(storages[0]) is not tuple:
                 raise CompactUnsupported("storage estimate of a non-stock type")
-            c.st, c.st_pos = _distinct(cast(list[tuple[int, int, int]], storages))
+            c.st, c.st_pos = distinct_values(cast(list[tuple[int, int, int]], storages))

@@ -20,11 +20,11 @@ from torchrec.distributed.planner.types import (
 )
 
 # How the partitioner places an option (its ``partition_by``), as the search's option data
-# (``partitioners._Opt.kind``) holds it; column-wise key-value options have a kind of their own.
-_UNIFORM = 0
-_DEVICE = 1
-_HOST = 2
-_CW_KEY_VALUE = 3
+# (``partitioners.Opt.kind``) holds it; column-wise key-value options have a kind of their own.
+UNIFORM = 0
+DEVICE = 1
+HOST = 2
+CW_KEY_VALUE = 3
 
 
 # ---- deep copies of sharding options, without copy.deepcopy's per-object overhead --------------
@@ -130,7 +130,7 @@ def copy_sharding_options(options: Sequence[ShardingOption]) -> list[ShardingOpt
 # ---- shards described, built on demand --------------------------------------------------------
 
 
-def _perf_fields(p: Perf) -> tuple[float, ...]:
+def perf_fields(p: Perf) -> tuple[float, ...]:
     return (
         p.fwd_compute,
         p.fwd_comms,
@@ -144,7 +144,7 @@ def _perf_fields(p: Perf) -> tuple[float, ...]:
 _new = object.__new__
 
 
-def _perf_from_fields(f: tuple[float, ...]) -> Perf:
+def perf_from_fields(f: tuple[float, ...]) -> Perf:
     """``Perf(*fields)``, built without the dataclass ``__init__`` (same attributes, same order)."""
     p = _new(Perf)
     p.__dict__ = {
@@ -158,14 +158,14 @@ def _perf_from_fields(f: tuple[float, ...]) -> Perf:
     return p
 
 
-def _new_storage(hbm: Any, ddr: Any, ssd: Any) -> Storage:
+def new_storage(hbm: Any, ddr: Any, ssd: Any) -> Storage:
     """``Storage(hbm, ddr, ssd)``, built without the dataclass ``__init__``."""
     st = _new(Storage)
     st.__dict__ = {"hbm": hbm, "ddr": ddr, "ssd": ssd}
     return st
 
 
-def _new_shard(size: list[int], offset: list[int]) -> Shard:
+def new_shard(size: list[int], offset: list[int]) -> Shard:
     """``Shard(size=size, offset=offset)``, built without the dataclass ``__init__``."""
     sh = _new(Shard)
     sh.__dict__ = {"size": size, "offset": offset, "storage": None, "perf": None, "rank": None}
@@ -194,7 +194,7 @@ class CompactOption:
         replicated: every shard has the same size and offset (data parallel).
         st: the distinct ``(hbm, ddr, ssd)`` storages.
         st_pos: per shard, its index in ``st``; None when every shard has ``st[0]``.
-        pf: the distinct ``Perf`` fields (``_perf_fields`` order).
+        pf: the distinct ``Perf`` fields (``perf_fields`` order).
         pf_pos: per shard, its index in ``pf``; None when every shard has ``pf[0]``.
     """
 
@@ -226,8 +226,8 @@ class CompactOption:
         perfs = [s.perf for s in shards]
         if set(map(type, storages)) != {Storage} or set(map(type, perfs)) != {Perf}:
             raise CompactUnsupported("shard without a stock Storage or Perf estimate")
-        c.st, c.st_pos = _distinct([(x.hbm, x.ddr, x.ssd) for x in storages])
-        c.pf, c.pf_pos = _distinct([_perf_fields(x) for x in perfs])
+        c.st, c.st_pos = distinct_values([(x.hbm, x.ddr, x.ssd) for x in storages])
+        c.pf, c.pf_pos = distinct_values([perf_fields(x) for x in perfs])
         return c
 
     def shard_sizes(self) -> list[list[int]]:
@@ -250,15 +250,15 @@ class CompactOption:
         st, pf = self.st, self.pf
         shards = []
         for size, offset, a, b in zip(sizes, offsets, st_pos, pf_pos):
-            sh = _new_shard(size, offset)
-            sh.storage = _new_storage(*st[a])
-            sh.perf = _perf_from_fields(pf[b])
+            sh = new_shard(size, offset)
+            sh.storage = new_storage(*st[a])
+            sh.perf = perf_from_fields(pf[b])
             shards.append(sh)
         so.shards = shards
         return so
 
 
-def _distinct(values: list[Any]) -> tuple[list[Any], list[int] | None]:
+def distinct_values(values: list[Any]) -> tuple[list[Any], list[int] | None]:
     """``(distinct values in first-seen order, per value its index)``; None: all the first."""
     if not values:
         return [], None

@@ -5,7 +5,7 @@ evaluated once). Touches ``get_embedding_perf_sharding_evaluator``, the factory'
 the estimator's ``_topology``/``_constraints``/``_config``/``_is_inference``/``_use_*`` attributes,
 ``ShardPerfContext.build_shard_perf_contexts`` and ``HardwarePerfConfig.post_process_perfs`` (the
 described path needs the base, identity one). The default config is instantiated from a subclass
-with a cached ``__dir__`` (``_with_cached_dir``), which relies on
+with a cached ``__dir__`` (``with_cached_dir``), which relies on
 ``estimator/annotations.py``'s ``_get_annotated_method``/``_get_coefficient_method`` scanning
 ``dir(config)``. Registered in ``fastinit/ports.py``.
 """
@@ -32,9 +32,9 @@ from torchrec.distributed.planner.types import (
 from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
-    _distinct,
-    _perf_fields,
-    _perf_from_fields,
+    distinct_values,
+    perf_fields,
+    perf_from_fields,
 )
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
                 evaluator = get_embedding_perf_sharding_evaluator(
                     sharding_type=ctx.sharding_type, is_inference=ctx.is_inference
                 )
-                fields = _perf_fields(evaluator.compute_perf(ctx=ctx, config=config))
+                fields = perf_fields(evaluator.compute_perf(ctx=ctx, config=config))
                 if ctx_key is not None:
                     memo[ctx_key] = fields
                 if any_key is not None and any_key not in shared:
@@ -231,10 +231,10 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
             if len(perfs) == 1:
                 only = perfs[0]
                 for shard in sharding_option.shards:
-                    shard.perf = _perf_from_fields(only)
+                    shard.perf = perf_from_fields(only)
             else:
                 for shard, pos in zip(sharding_option.shards, positions):
-                    shard.perf = _perf_from_fields(perfs[pos])
+                    shard.perf = perf_from_fields(perfs[pos])
             shard_perfs = [s.perf for s in sharding_option.shards if s.perf is not None]
             shard_perfs = config.post_process_perfs(
                 shard_perfs=shard_perfs,
@@ -273,7 +273,7 @@ class MemoPerfEstimator(EmbeddingPerfEstimator):
             if positions is None or len(perfs) == 1:
                 c.pf, c.pf_pos = perfs[:1], None
             else:
-                c.pf, c.pf_pos = _distinct([perfs[p] for p in positions])
+                c.pf, c.pf_pos = distinct_values([perfs[p] for p in positions])
         logger.info(f"Total {num_feature_processors} feature processor.")
 
 
@@ -285,7 +285,7 @@ def _trial_fields(evaluator: Any, ctx: ShardPerfContext, config: Any) -> tuple[f
     for name in _HASH_FIELDS:
         trial.__dict__[name] = _PROBE
     try:
-        fields = _perf_fields(evaluator.compute_perf(ctx=trial, config=config))
+        fields = perf_fields(evaluator.compute_perf(ctx=trial, config=config))
     except _HashSizeRead:
         return None
     if not all(type(v) in (int, float) for v in fields):
@@ -316,14 +316,14 @@ def _distinct_sizes(shard_sizes: list[list[int]]) -> tuple[list[list[int]], list
 
 
 def _may_carry_annotation(attr: Any) -> bool:
-    """``attr`` is callable and may carry an annotation attribute (see ``_with_cached_dir``)."""
+    """``attr`` is callable and may carry an annotation attribute (see ``with_cached_dir``)."""
     if not callable(attr):
         return False
     func = attr.__func__ if isinstance(attr, types.MethodType) else attr
     return not (isinstance(func, types.FunctionType) and not func.__dict__)
 
 
-def _with_cached_dir(config_cls: type) -> type:
+def with_cached_dir(config_cls: type) -> type:
     """A subclass of ``config_cls`` whose ``dir()`` lists only its public callables.
 
     The 1.8.0 evaluators find a config's annotated methods by scanning ``dir(config)`` on every

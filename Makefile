@@ -37,12 +37,13 @@ BENCH_ARGS ?=
 # ports compared with the installed release, nccl2-readiness) and the 1.9.2 patch series (its op
 # counts and equivalence on 1.9.2) and the CPU vector-ISA record; the rest of the suite runs on
 # the default stack.
-STACK_TESTS_1.9 := tests/test_setup.py tests/test_seeding.py tests/test_protocol.py \
-  tests/test_planner.py tests/test_warmup.py tests/test_warmup_api.py tests/test_plan_cache.py \
-  tests/test_plan_cache_protocol.py tests/test_compat.py tests/test_fingerprint.py \
-  tests/test_import.py tests/test_ports.py tests/test_installed_release.py \
-  tests/test_nccl_ready.py tests/test_table_errors.py tests/test_patches.py \
-  tests/test_vec_isa.py
+STACK_TESTS_1.9 := tests/startup/test_setup.py tests/startup/test_seeding.py \
+  tests/startup/test_protocol.py tests/planner/test_planner.py tests/warmup/test_warmup.py \
+  tests/warmup/test_warmup_api.py tests/plan/test_plan_cache.py \
+  tests/plan/test_plan_cache_protocol.py tests/compat/test_compat.py \
+  tests/plan/test_fingerprint.py tests/package/test_import.py tests/compat/test_ports.py \
+  tests/compat/test_installed_release.py tests/startup/test_nccl_ready.py \
+  tests/sharding/test_table_errors.py tests/tools/test_patches.py tests/warmup/test_vec_isa.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

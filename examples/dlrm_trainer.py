@@ -12,7 +12,7 @@ compiled on a fast batch (``pre_train``), with compiled code kept across jobs by
 
 The data pipeline presents the features in the reverse of the model's table order (as a real
 pipeline may): warm-up leaves no trace of its own batch's order, so the losses are those of a run
-without warm-up (``tests/test_example_trainer.py`` checks exactly that).
+without warm-up (``tests/examples/test_example_trainer.py`` checks exactly that).
 """
 
 from __future__ import annotations

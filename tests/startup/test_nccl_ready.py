@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("fastinit", "examples", "benchmarks", "scripts", "docs", "README.md")
 #: backends that never touch CUDA: a call with one of these as a literal needs no device.
 CPU_ONLY = {"gloo", "fake", "fakestate"}

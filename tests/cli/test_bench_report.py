@@ -17,7 +17,7 @@ import pytest
 from benchmarks.trainer import STAGES
 from fastinit import report
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "testdata" / "tiny-cold"
+FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "testdata" / "tiny-cold"
 
 
 def test_import_is_light() -> None:

@@ -22,7 +22,7 @@ EC_TYPES = ["table_wise", "column_wise", "row_wise"]
 STEPS = 3
 
 
-# Kept under this name: tests/test_patches.py imports it.
+# Kept under this name: tests/tools/test_patches.py imports it.
 _plan_fields = plan_to_plain
 
 

@@ -173,7 +173,7 @@ def test_inputs_cover_tables_and_versions() -> None:
 
 def _hashseed_inputs() -> tuple[bytes, bytes]:
     """A fingerprint and a plan digest over strings, sets and dicts (what PYTHONHASHSEED moves)."""
-    import tests.test_codec as codec_tests
+    import tests.plan.test_codec as codec_tests
     from fastinit.plan.codec import plan_digest
 
     topology = _topology()
@@ -205,13 +205,13 @@ _SCRIPT = """
 import logging, warnings
 warnings.simplefilter("ignore")
 logging.disable(logging.WARNING)
-import tests.test_fingerprint as t
+import tests.plan.test_fingerprint as t
 print(*(d.hex() for d in t._hashseed_inputs()))
 """
 
 
 def test_independent_of_pythonhashseed() -> None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # this process runs with a random hash seed (or the one in the environment): pick another
     seed = "7" if os.environ.get("PYTHONHASHSEED") != "7" else "8"
     env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=root)

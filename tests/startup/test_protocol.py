@@ -248,7 +248,7 @@ def test_messages_travel_on_the_device_the_group_serves() -> None:
         text=True,
         timeout=120,
         check=False,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("@@")), None)
     assert line is not None, proc.stderr[-3000:]

@@ -22,7 +22,7 @@ import pytest
 
 from fastinit.testing.models import SHARDING_TYPES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 ALL_TYPES = list(SHARDING_TYPES)
 # (name, ModelSpec kwargs, plan: "planner" or sharding types for build_plan, train?)
@@ -88,11 +88,11 @@ def _stock_report(cases: list[tuple[str, dict[str, Any], Any, bool]]) -> dict[st
     """Per case: plan, metadata, keys, losses and start-up counts of the stock path."""
     import torch.distributed as dist
     import torchrec
-    from test_setup import _plan_fields, _st_metadata, _train
 
     from fastinit import trace
     from fastinit.testing.models import ModelSpec, build_model, build_plan
     from fastinit.testing.stock import stock_setup
+    from tests.startup.test_setup import _plan_fields, _st_metadata, _train
 
     tracer = trace.active()
     assert tracer is not None
@@ -254,10 +254,10 @@ def test_patched_stock_path_is_equivalent_and_cheaper(patched_site: Path, tmp_pa
 def _dense_sequence_rank() -> list[float]:
     """EmbeddingCollection tables with the "dense" kernel on CPU: 3 training steps."""
     import torch.distributed as dist
-    from test_setup import _train
 
     from fastinit.testing.models import ModelSpec, build_model, build_plan
     from fastinit.testing.stock import stock_setup
+    from tests.startup.test_setup import _train
 
     spec = ModelSpec(num_tables=0, num_ec_tables=3, fp16_every=2)
     types = ["table_wise", "row_wise", "column_wise"]

@@ -20,7 +20,7 @@ from fastinit import compat, knobs, ports
 from fastinit._port_hashes import HASHES
 from fastinit.errors import CompatibilityError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENUMERATE = "torchrec.distributed.planner.enumerators:EmbeddingEnumerator.enumerate"
 
 

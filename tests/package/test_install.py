@@ -1,6 +1,6 @@
 """fastinit installs like any library into an environment that already has torch and torchrec.
 
-Slow (fresh virtual environments, minutes): ``pytest -m slow tests/test_install.py``. Each
+Slow (fresh virtual environments, minutes): ``pytest -m slow tests/package/test_install.py``. Each
 supported stack is built from its package files (``requirements/<stack>/``: torch and fbgemm, then
 torchrec with ``--no-deps`` as on any CPU host, then torchrec's other requirements); pip's cache
 makes a rerun quick. Into each, ``pip install .`` (and ``.[cpu]``) must add fastinit and change
@@ -23,7 +23,7 @@ import tomllib
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 STACKS = ("1.8", "1.9")
 # torchrec's requirements other than fbgemm-gpu (requirements/common.txt).
 TORCHREC_DEPS = ["tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions"]

@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.trainer import STAGES
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "testdata" / "tiny-cold"
+FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "testdata" / "tiny-cold"
 
 
 def _paths(mode: str) -> list[str]:

@@ -38,7 +38,7 @@ def test_the_swap_replaces_only_the_test_utilities_names(tmp_path: Path) -> None
     code = textwrap.dedent(
         f"""
         import sys, types
-        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         import torchrec.distributed.model_parallel as mp
         import torchrec.distributed.test_utils
         from tools.peer import swap

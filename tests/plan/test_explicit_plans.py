@@ -160,7 +160,7 @@ _FAKE = textwrap.dedent(
     from fastinit.plan.codec import decode_plan, encode_plan
     from fastinit.plan import layout
     from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan, plan_to_plain
-    from tests.test_explicit_plans import SPEC, _irregular
+    from tests.plan.test_explicit_plans import SPEC, _irregular
 
     def built(plan):
         module = build_model(SPEC, device="meta")

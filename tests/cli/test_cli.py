@@ -15,7 +15,7 @@ import pytest
 
 from fastinit.testing.dist import run_ranks
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # A user's model module, as docs/usage.md writes it: the trainer and `fastinit plan` share it.
 MODEL_PY = textwrap.dedent(
@@ -92,7 +92,7 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
         events = trace.read_jsonl(str(traces / f"trace-rank{rank}.jsonl"))
         counts = trace.summarize(events)
         # A hit on every rank: no plan message. What is left is the start-up record's all_gather
-        # and the replicated-value digest check, as with an explicit plan (tests/test_setup.py).
+        # and the replicated-value digest check, as with an explicit plan (tests/startup/test_setup.py).
         assert counts["c10d_ops"] == {"allgather_": 1, "allreduce_": 1}, counts["c10d_ops"]
         assert counts["barriers"] == 0 and counts["new_groups"] == 0
         assert "fastinit.setup" in counts["spans_s"]

@@ -74,23 +74,23 @@ test: $(if $(filter 1.8,$(STACK)),lint,$(STAMP))
 # same-hosts and recover (a rank killed and resumed: time to recover, stock-best vs fastinit), repeated:
 # bench-out/{summary.json,report.md,timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4".
 bench: $(STAMP)
-	$(PY) -m benchmarks.bench $(BENCH_ARGS)
+	$(PY) -m benchmarks.ttfb $(BENCH_ARGS)
 
 # Leave scenario CACHE's caches in place for MODE (stock|stock-best|fastinit), MODEL and NPROC.
 .PHONY: prime
 prime: $(STAMP)
-	$(PY) -m benchmarks.bench --prime $(MODE) $(MODEL) $(CACHE) $(NPROC)
+	$(PY) -m benchmarks.ttfb --prime $(MODE) $(MODEL) $(CACHE) $(NPROC)
 
 # Exactly one run, starting in scenario CACHE's state (a restart scenario: after `make prime` with
 # the same variables; CACHE=cold needs no prime); CACHE=recover: one job with a rank killed mid-job
 # and resumed (time to recover).
 ttfb: $(STAMP)
-	$(PY) -m benchmarks.bench --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
+	$(PY) -m benchmarks.ttfb --one $(MODE) $(MODEL) $(CACHE) $(NPROC)
 
 # Time to first batch projected to 1,024 and 4,096 ranks (SCALE_JSON=scale.json from `make scale`;
 # RESUME_JSON=resume-scale.json from `make resume-scale` adds the time to recover).
 projection: $(STAMP)
-	$(PY) -m benchmarks.projection $(if $(SCALE_JSON),--scale-json $(SCALE_JSON)) $(if $(RESUME_JSON),--resume-json $(RESUME_JSON))
+	$(PY) -m benchmarks.ttfb.projection $(if $(SCALE_JSON),--scale-json $(SCALE_JSON)) $(if $(RESUME_JSON),--resume-json $(RESUME_JSON))
 
 # Per-rank setup seconds and peak RSS, stock vs fastinit, 64..8,192 ranks on the fake backend:
 # benchmarks/results/scale/{scale.json,scale.md,scale.png}. SCALE_ARGS="--quick" for a smoke run.
@@ -114,7 +114,7 @@ baseline: $(STAMP)
 # Micro-benchmarks (pytest-benchmark): codec, metadata, fingerprint, and the planner's hot paths at
 # 4,096 tables x 4,096 ranks (FASTINIT_MICRO_TABLES/RANKS to change the size). A few minutes.
 micro: $(STAMP)
-	$(PY) -m pytest benchmarks/micro --benchmark-only $(PYTEST_ARGS)
+	$(PY) -m benchmarks.micro $(PYTEST_ARGS)
 
 # TorchRec's own model-parallel tests, stock and with DistributedModelParallel swapped for
 # fastinit.setup (docs/robustness.md). TORCHREC_SRC: a TorchRec source tree (git archive

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing to check", file=sys.stderr)
         raise SystemExit(2)
-    from benchmarks import bench
+    from benchmarks.ttfb import main as bench
 
     nproc = torch.cuda.device_count()
     summary = bench.main(
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise SystemExit(
                         f"gpu_check: {mode} ran on {info.get('device')} / {info.get('backend')}"
                     )
-    from benchmarks.trainer import COMPILE_TARGETS
+    from benchmarks.ttfb.trainer import COMPILE_TARGETS
 
     for model, per in summary["results"].items():
         info = per["same-hosts"]["fastinit"]["info"]

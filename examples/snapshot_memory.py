@@ -2,7 +2,7 @@
 
     python -m examples.snapshot_memory [--model large] [--nproc 2]
 
-Builds the reference model of ``benchmarks.trainer.MODELS[model]`` with ``fastinit.setup`` on
+Builds the reference model of ``benchmarks.ttfb.trainer.MODELS[model]`` with ``fastinit.setup`` on
 ``nproc`` gloo ranks (CPU), with TorchRec's fused EXACT_ROWWISE_ADAGRAD, and runs
 ``warm_up`` twice on a fast batch of ``--batch-size`` samples: ``snapshot="full"`` (a copy of every local
 tensor, earlier versions' behaviour) and ``snapshot="touched"`` (the default). Prints, per rank,
@@ -24,7 +24,7 @@ def _rank(model_name: str, batch_size: int) -> dict[str, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     import fastinit
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.testing.models import build_model, make_batch
     from fastinit.warmup import WarmupConfig, fast_batch, schema_from_batch, warm_up
 

@@ -193,7 +193,7 @@ def verify_cost_large() -> dict[str, Any]:
     import torch
 
     import fastinit
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit import protocol
     from fastinit.testing.models import build_model, build_plan
 

@@ -26,7 +26,7 @@ def _measure(model: str, repeats: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import fastinit
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit import protocol, trace
     from fastinit.testing.models import build_model, build_plan
 

@@ -1,6 +1,6 @@
 """Micro-benchmarks of fastinit's start-up pieces (pytest-benchmark; not part of the test suite).
 
-    .venv/bin/python -m pytest benchmarks/micro --benchmark-only
+    .venv/bin/python -m benchmarks.micro        # make micro
 
 * plan codec: fastinit's pickle-free encoding against pickle, for a 256-table plan on 64 ranks;
 * shard metadata built locally from the plan (what replaces stock's per-table all_gather_object);
@@ -23,7 +23,7 @@ RANKS = 64
 
 @pytest.fixture(scope="module")
 def medium() -> Any:
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.testing.models import build_model
 
     return build_model(model_spec("medium"), device="meta")
@@ -89,7 +89,7 @@ def test_local_shard_metadata(benchmark: Any, plan: Any) -> None:
 def test_fingerprint(benchmark: Any, medium: Any) -> None:
     from torchrec.distributed.planner import Topology
 
-    from benchmarks.trainer import _sharders
+    from benchmarks.ttfb.trainer import _sharders
     from fastinit.plan.fingerprint import planner_fingerprint
 
     sharders = _sharders()
@@ -101,7 +101,7 @@ def test_fingerprint(benchmark: Any, medium: Any) -> None:
 def test_planner_small_2_ranks(benchmark: Any, which: str) -> None:
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    from benchmarks.trainer import _sharders, model_spec
+    from benchmarks.ttfb.trainer import _sharders, model_spec
     from fastinit.planner import FastPlanner
     from fastinit.testing.models import build_model
 

@@ -11,7 +11,7 @@ One benchmark per stage of ``FastPlanner.plan`` (see docs/planner.md for the cos
 * one partition and rating of a whole proposal (``Search.evaluate``);
 * ``plan()`` end to end.
 
-The model is ``benchmarks.bench_planner.build_model`` (dims 16..128, rows 1e3..1e6, every fifth
+The model is ``benchmarks.planner.main.build_model`` (dims 16..128, rows 1e3..1e6, every fifth
 table fp16) on a CPU topology with 8 ranks per host. Sizes: ``FASTINIT_MICRO_TABLES`` and
 ``FASTINIT_MICRO_RANKS`` are not knobs of fastinit, only of this file (default 4096 each).
 """
@@ -49,7 +49,7 @@ def parts() -> dict[str, Any]:
     """The model, a planner, its search space and search, built once for the module."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from benchmarks.bench_planner import build_model
+    from benchmarks.planner.main import build_model
     from fastinit.planner import FastPlanner
     from fastinit.planner import partitioners as fast_partitioners
 

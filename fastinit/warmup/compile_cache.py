@@ -11,7 +11,7 @@ and the compile settings). It holds two forms of the same artifacts:
   AOTAutograd and C++/Triton caches written by the first job are read directly by the next.
 
 On CPU the second form is what actually helps. Measured for the reference dense arch + over arch,
-forward + backward, fresh process each (``python -m benchmarks.bench_warmup``, 2 shared cores):
+forward + backward, fresh process each (``python -m benchmarks.warmup``, 2 shared cores):
 cold compile 18.8 s, MegaCache loaded into an empty Inductor directory 22.0 s (no gain: dynamo and
 AOTAutograd still run, and the C++ is rebuilt), warm Inductor directory 4.4 s. (Earlier, on a
 quieter machine: 10-15 s, 9.1 s, 1.3 s.) When the Inductor directory is warm the

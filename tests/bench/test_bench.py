@@ -1,7 +1,7 @@
 """The time-to-first-batch benchmark: its analysis on recorded traces, its scenario rules, and
 one small end-to-end run so it cannot rot.
 
-Recorded traces: ``benchmarks/testdata/tiny-cold`` (a real 2-rank run of the trainer, tiny model,
+Recorded traces: ``benchmarks/ttfb/testdata/tiny-cold`` (a real 2-rank run of the trainer, tiny model,
 eager dense arch). End to end: two ranks (gloo, 127.0.0.1), the tiny model with an eager dense
 arch, one repeat, every mode, cold and same-hosts, the floor, launched through torchrun.
 """
@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.trainer import STAGES
+from benchmarks.ttfb.trainer import STAGES
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "testdata" / "tiny-cold"
+FIXTURE = (
+    pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ttfb" / "testdata" / "tiny-cold"
+)
 
 
 def _paths(mode: str) -> list[str]:
@@ -28,7 +30,7 @@ def _paths(mode: str) -> list[str]:
 
 
 def test_analyse_run_on_recorded_traces() -> None:
-    from benchmarks.analysis import TIMELINE, analyse_run
+    from benchmarks.ttfb.analysis import TIMELINE, analyse_run
 
     stock, fast = analyse_run(_paths("stock")), analyse_run(_paths("fastinit"))
     # Recorded values: time to first batch is the slower rank's.
@@ -51,7 +53,7 @@ def test_analyse_run_on_recorded_traces() -> None:
 
 
 def test_analyse_floor_and_stock_best_on_recorded_traces() -> None:
-    from benchmarks.analysis import analyse_floor, analyse_run, floor_of
+    from benchmarks.ttfb.analysis import analyse_floor, analyse_run, floor_of
 
     data = FIXTURE.parent
     for scenario in ("tiny-cold", "tiny-same-hosts"):
@@ -83,7 +85,7 @@ def test_analyse_floor_and_stock_best_on_recorded_traces() -> None:
 
 
 def test_analyse_run_rejects_other_traces(tmp_path: pathlib.Path) -> None:
-    from benchmarks.analysis import analyse_floor, analyse_run
+    from benchmarks.ttfb.analysis import analyse_floor, analyse_run
 
     path = tmp_path / "trace-rank0.jsonl"
     path.write_text(json.dumps({"kind": "meta", "rank": 0}) + "\n")
@@ -94,7 +96,7 @@ def test_analyse_run_rejects_other_traces(tmp_path: pathlib.Path) -> None:
 
 
 def test_floor_is_launch_plus_longest_chain() -> None:
-    from benchmarks.analysis import floor_of
+    from benchmarks.ttfb.analysis import floor_of
 
     pieces = {
         "launch": 2.0,
@@ -112,7 +114,7 @@ def test_floor_is_launch_plus_longest_chain() -> None:
 
 
 def _fake_mode(ttfb: float, ops: int = 1) -> dict[str, Any]:
-    from benchmarks.analysis import TIMELINE
+    from benchmarks.ttfb.analysis import TIMELINE
 
     counts = dict.fromkeys(
         ("c10d_ops", "c10d_bytes", "barriers", "new_groups", "store_ops", "store_bytes"), ops
@@ -127,8 +129,8 @@ def _fake_mode(ttfb: float, ops: int = 1) -> dict[str, Any]:
 
 
 def test_table_rows_and_targets() -> None:
-    from benchmarks.analysis import table_rows
-    from benchmarks.report import format_first_step, format_table, format_targets, targets
+    from benchmarks.ttfb.analysis import table_rows
+    from benchmarks.ttfb.report import format_first_step, format_table, format_targets, targets
 
     results = {
         "large": {
@@ -166,7 +168,7 @@ def test_table_rows_and_targets() -> None:
 
 
 def test_scenario_rules(tmp_path: pathlib.Path) -> None:
-    from benchmarks.scenarios import Layout, is_primed, prepare, snapshot_primed
+    from benchmarks.ttfb.scenarios import Layout, is_primed, prepare, snapshot_primed
 
     layouts = {
         m: Layout(root=str(tmp_path / m), mode=m) for m in ("stock", "stock-best", "fastinit")
@@ -197,7 +199,7 @@ def test_scenario_rules(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_bench_end_to_end(tmp_path: Any) -> None:
-    from benchmarks import bench
+    from benchmarks.ttfb import main as bench
 
     out = str(tmp_path / "bench-out")
     summary = bench.main(
@@ -251,7 +253,7 @@ def test_bench_end_to_end(tmp_path: Any) -> None:
 def test_cold_single_run_needs_no_prime(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
     """``make ttfb CACHE=cold`` runs without ``make prime`` (there is nothing to prime); a restart
     scenario still asks for it."""
-    from benchmarks import bench
+    from benchmarks.ttfb import main as bench
 
     ran: list[str] = []
     monkeypatch.setattr(bench, "_ensure_data", lambda config, model: ran.append("data"))
@@ -273,7 +275,7 @@ def test_first_step_once_every_rank_is_in_it(tmp_path: Any) -> None:
     (max over ranks) counts that wait, the synced one starts when the last rank enters."""
     import json
 
-    from benchmarks.analysis import analyse_run
+    from benchmarks.ttfb.analysis import analyse_run
 
     paths = []
     for rank, (start, end) in enumerate([(10.0, 11.0), (10.8, 11.0)]):
@@ -293,7 +295,7 @@ def test_first_step_once_every_rank_is_in_it(tmp_path: Any) -> None:
 
 
 def test_trainer_flags_for_background_compile_and_prefetch() -> None:
-    from benchmarks.trainer import TrainerConfig, _parse
+    from benchmarks.ttfb.trainer import TrainerConfig, _parse
 
     config = _parse(["--compile-in-background", "--compile-prefetch", "on"])
     assert config.compile_in_background and config.compile_prefetch == "on"
@@ -309,8 +311,8 @@ def test_trainer_flags_for_background_compile_and_prefetch() -> None:
 
 def _trainer_losses(tmp_path: pathlib.Path, *flags: str) -> tuple[dict[str, Any], list[str]]:
     """Rank 0's losses (4 steps, tiny model, eager, 2 ranks) and the start-up stages it ran."""
-    from benchmarks.data import DatasetConfig, ensure_dataset
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.testing.dist import free_port
 
     data = str(tmp_path / "data")
@@ -319,7 +321,7 @@ def _trainer_losses(tmp_path: pathlib.Path, *flags: str) -> tuple[dict[str, Any]
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "benchmarks.trainer", "--mode", "fastinit", "--model", "tiny", "--no-compile",
+        "-m", "benchmarks.ttfb.trainer", "--mode", "fastinit", "--model", "tiny", "--no-compile",
         "--steps", "4", "--data-dir", data, "--out", str(out), *flags,
     ]  # fmt: skip
     subprocess.run(cmd, check=True, timeout=300, capture_output=True)
@@ -338,9 +340,9 @@ def test_pipeline_fill_at_startup_trains_the_same(tmp_path: pathlib.Path) -> Non
 
 
 def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:
-    # the factory `fastinit publish --model benchmarks.trainer:unsharded_model` loads the trainer's
+    # the factory `fastinit publish --model benchmarks.ttfb.trainer:unsharded_model` loads the trainer's
     # checkpoints into: the model the trainer shards (built on meta there), real tensors here
-    from benchmarks.trainer import model_spec, unsharded_model
+    from benchmarks.ttfb.trainer import model_spec, unsharded_model
     from fastinit.testing.models import build_model
 
     model = unsharded_model("small")

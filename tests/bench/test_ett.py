@@ -1,4 +1,4 @@
-"""The ETT model and the projection's formulas (benchmarks/ett.py, benchmarks/projection.py)."""
+"""The ETT model and the projection's formulas (benchmarks/ttfb/ett.py, benchmarks/ttfb/projection.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.ett import JobProfile, ett, ett_points_saved, optimal_interval
-from benchmarks.projection import (
+from benchmarks.ttfb.ett import JobProfile, ett, ett_points_saved, optimal_interval
+from benchmarks.ttfb.projection import (
     FABRICS,
     Fabric,
     collective_time,
@@ -95,7 +95,7 @@ def test_group_creation_and_fit() -> None:
 
 
 def test_ttfb_components_by_hand() -> None:
-    from benchmarks.projection import ttfb_components
+    from benchmarks.ttfb.projection import ttfb_components
 
     fab = Fabric(name="t", alpha_s=1e-5, beta_s_per_byte=1e-9, op_overhead_s=0.0, source="")
     measured = {
@@ -129,7 +129,7 @@ def test_ttfb_components_by_hand() -> None:
 
 
 def test_read_scale_json(tmp_path: Any) -> None:
-    from benchmarks.projection import read_scale_json
+    from benchmarks.ttfb.projection import read_scale_json
 
     good = tmp_path / "scale.json"
     good.write_text(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import faults
+from benchmarks.ttfb import faults
 
 
 def test_fault_env_and_no_op() -> None:
@@ -34,7 +34,7 @@ def test_fault_kills_after_the_step(tmp_path: pathlib.Path) -> None:
     record = tmp_path / "kill.json"
     env = {**os.environ, **faults.KillAt(rank=0, step=2, record=str(record)).env()}
     code = (
-        "from benchmarks import faults\n"
+        "from benchmarks.ttfb import faults\n"
         "for step in (1, 2, 3):\n"
         "    print(step, flush=True)\n"
         "    faults.after_step(step, 0)\n"
@@ -49,7 +49,7 @@ def test_fault_kills_after_the_step(tmp_path: pathlib.Path) -> None:
 
 
 def test_recover_rules(tmp_path: pathlib.Path) -> None:
-    from benchmarks.scenarios import RECOVER, RULES, Layout, Recover, prepare
+    from benchmarks.ttfb.scenarios import RECOVER, RULES, Layout, Recover, prepare
 
     layout = Layout(root=str(tmp_path / "fastinit"), mode="fastinit")
     prepare(layout, "cold")
@@ -88,8 +88,8 @@ def _trace(path: pathlib.Path, rank: int, start: float, first: float, losses: di
 
 
 def test_analyse_recover_and_report(tmp_path: pathlib.Path) -> None:
-    from benchmarks import report
-    from benchmarks.analysis import analyse_recover, recover_rows, summarize_recover
+    from benchmarks.ttfb import report
+    from benchmarks.ttfb.analysis import analyse_recover, recover_rows, summarize_recover
 
     after = {3: 0.5, 4: 0.25, 5: 0.125}
     paths = [
@@ -135,7 +135,7 @@ def test_analyse_recover_and_report(tmp_path: pathlib.Path) -> None:
 
 
 def test_trainer_config_checks() -> None:
-    from benchmarks.trainer import TrainerConfig
+    from benchmarks.ttfb.trainer import TrainerConfig
 
     TrainerConfig(cache="recover", steps=6, checkpoint_dir="/c", checkpoint_step=2)
     with pytest.raises(ValueError, match="checkpoint_dir"):
@@ -152,9 +152,9 @@ def test_recover_end_to_end(tmp_path: pathlib.Path, mode: str) -> None:
     restarts both, they resume; the losses after the resume equal those of the same steps
     trained from the same checkpoint before the kill, bit for bit; and (fastinit, whose start is
     seeded) those of a job that never failed."""
-    from benchmarks import bench
-    from benchmarks.launch import RunSpec, run_trainer
-    from benchmarks.scenarios import RECOVER
+    from benchmarks.ttfb import main as bench
+    from benchmarks.ttfb.launch import RunSpec, run_trainer
+    from benchmarks.ttfb.scenarios import RECOVER
 
     out = str(tmp_path / "bench-out")
     args = ["--out", out, "--no-compile", "--launcher", "torchrun"]

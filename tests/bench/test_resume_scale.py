@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import resume_scale as rs
+from benchmarks.resume_scale import main as rs
 
 
 def _row(n: int, seconds: float, stock: float | None = None) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def test_errors_are_reported_not_raised() -> None:
 
 
 def test_factory_reference() -> None:
-    assert rs._factory("benchmarks.resume_scale:analyse") is rs.analyse
+    assert rs._factory("benchmarks.resume_scale.main:analyse") is rs.analyse
     with pytest.raises(ValueError, match="module:function"):
         rs._factory("no-colon")
 
@@ -99,7 +99,7 @@ def test_end_to_end_small(tmp_path: Any) -> None:
 def test_projection_time_to_recover_rows(tmp_path: Any) -> None:
     import json
 
-    from benchmarks import projection
+    from benchmarks.ttfb import projection
 
     rows = [_row(n, 0.1 + n / 1e5, stock=n / 200) for n in (512, 1024, 2048)]
     for r in rows:

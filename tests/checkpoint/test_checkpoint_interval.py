@@ -60,7 +60,7 @@ def test_edge_cases_and_bad_input() -> None:
 
 
 def test_agrees_with_the_benchmarks_ett_model() -> None:
-    from benchmarks.ett import JobProfile, _loop_s, optimal_interval
+    from benchmarks.ttfb.ett import JobProfile, _loop_s, optimal_interval
 
     p = JobProfile(time_to_start_s=60.0, failures_per_day=3.0, checkpoint_blocking_s=30.0)
     mtbf = _loop_s(p) / p.failures_per_day

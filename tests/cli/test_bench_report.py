@@ -1,7 +1,7 @@
-"""fastinit.report on recorded traces (benchmarks/testdata): pure analysis and the three files.
+"""fastinit.report on recorded traces (benchmarks/ttfb/testdata): pure analysis and the three files.
 
 The fixture is a real run of the benchmark trainer (tiny model, 2 ranks, eager dense arch, cold),
-stock and fastinit, recorded with ``python -m benchmarks.bench --models tiny --scenarios cold
+stock and fastinit, recorded with ``python -m benchmarks.ttfb --models tiny --scenarios cold
 --repeats 1 --no-compile --launcher torchrun``.
 """
 
@@ -14,10 +14,12 @@ import sys
 
 import pytest
 
-from benchmarks.trainer import STAGES
+from benchmarks.ttfb.trainer import STAGES
 from fastinit import report
 
-FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "testdata" / "tiny-cold"
+FIXTURE = (
+    pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "ttfb" / "testdata" / "tiny-cold"
+)
 
 
 def test_import_is_light() -> None:

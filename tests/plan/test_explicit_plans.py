@@ -167,7 +167,7 @@ _FAKE = textwrap.dedent(
         return fastinit.setup(module, device=torch.device("cpu"), plan=plan, seed=3)
 
     module = build_model(SPEC, device="meta")
-    from benchmarks.scale import plan_types
+    from benchmarks.scale.main import plan_types
     explicit = build_plan(module, plan_types(module, "all7"), world_size=n, local_world_size=4)
     _irregular(explicit, module)
     data = encode_plan(explicit)
@@ -233,10 +233,10 @@ def test_compact_plan_of_a_torch_saved_plan(tmp_path: Any) -> None:
 
 
 def test_the_user_factory_plan_compacts_to_itself() -> None:
-    """``benchmarks.scale_factories`` (make scale's factory-given model and plan, TorchRec
+    """``benchmarks.scale.factories`` (make scale's factory-given model and plan, TorchRec
     modules of its own and a plan built with ``construct_module_sharding_plan``): its regular
     tables compact, and the compact plan is the given one (the same shards, the same bytes)."""
-    from benchmarks.scale_factories import user_model, user_plan
+    from benchmarks.scale.factories import user_model, user_plan
 
     model = user_model()
     plan = user_plan(model, 16, 8)

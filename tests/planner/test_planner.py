@@ -739,7 +739,7 @@ def test_same_plan_as_stock_larger(n_tables: int, world_size: int, device: str) 
 
 def test_sweep_fit_recovers_exponents() -> None:
     """The sweep's growth fit (pure) finds the exponents of synthetic timings."""
-    from benchmarks.bench_planner import fit_growth, sweep_markdown
+    from benchmarks.planner.main import fit_growth, sweep_markdown
 
     rows = [
         {"tables": t, "world_size": w, "cpu_s": 0.5 * t**1.1 * w**0.2}

@@ -311,7 +311,7 @@ def test_fast_shardings_and_sharded_tensors_equal_stock_on_the_fake_backend() ->
 
 
 def test_fit_exponent_and_table() -> None:
-    from benchmarks.scale import fit_exponent, format_table
+    from benchmarks.scale.main import fit_exponent, format_table
 
     flat = [(n, 3.0) for n in (512, 1024, 4096, 8192)]
     assert fit_exponent(flat, 512, 8192) == pytest.approx(0.0)
@@ -348,7 +348,7 @@ def test_fit_exponent_and_table() -> None:
 
 @pytest.mark.slow
 def test_scale_benchmark_quick(tmp_path: Any) -> None:
-    from benchmarks.scale import main
+    from benchmarks.scale.main import main
 
     result = main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "scale.json").read_text())

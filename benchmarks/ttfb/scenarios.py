@@ -17,7 +17,7 @@ The scenarios, for every mode alike (:data:`RULES`):
 * ``same-hosts``: a restart on the same hosts: both as the previous run left them.
 * ``recover``: a failure mid-job (:data:`RECOVER`): the job starts with everything kept (as
   same-hosts) under torchrun ``--max-restarts 1``, checkpoints after step K, one rank is
-  SIGKILLed after step K + j (:mod:`benchmarks.faults`), torchrun restarts every worker on the
+  SIGKILLed after step K + j (:mod:`benchmarks.ttfb.faults`), torchrun restarts every worker on the
   same hosts, which find the caches the first attempt left and resume from the checkpoint
   (``checkpoints/`` beside ``shared/``, emptied before each run). Only stock-best and fastinit
   run it (:data:`RECOVER_MODES`).

@@ -1,6 +1,6 @@
 """torchx components of the time-to-first-batch benchmark.
 
-    torchx run -s local_cwd benchmarks/components.py:ttfb --mode fastinit --model small --nproc 2
+    torchx run -s local_cwd benchmarks/ttfb/components.py:ttfb --mode fastinit --model small --nproc 2
 
 The same component runs on a CPU box (gloo, everything on 127.0.0.1) and on a multi-GPU host
 (NCCL: ``--nproc`` = GPUs per host, ``--gpu`` = the same), or several hosts (``--nnodes``).
@@ -31,7 +31,7 @@ def trainer_args(
     checkpoint_dir: str | None = None,
     checkpoint_step: int = 0,
 ) -> list[str]:
-    """The command-line arguments of ``benchmarks.trainer`` for one run."""
+    """The command-line arguments of ``benchmarks.ttfb.trainer`` for one run."""
     args = ["--mode", mode, "--model", model, "--cache", cache, "--out", out]
     args += ["--data-dir", data_dir, "--batch-size", str(batch_size)]
     args += ["--num-workers", str(num_workers)]
@@ -73,7 +73,7 @@ def ttfb(
 
     Every rank writes ``trace-rank<N>.jsonl`` (the seven start-up stages, c10d ops, process
     groups, store operations, time to first batch from process start) to ``out``;
-    ``python -m benchmarks.bench`` runs this component for stock and fastinit, repeatedly, and
+    ``python -m benchmarks.ttfb`` runs this component for stock and fastinit, repeatedly, and
     reports. On one host the rendezvous and the process group stay on 127.0.0.1 (a free port is
     chosen by torchrun).
 
@@ -84,7 +84,7 @@ def ttfb(
             stages, plan and compile caches in cache_dir)
         model: reference model: tiny, small (26 tables), medium (256), large (1,024)
         cache: scenario label: cold, new-hosts, same-hosts or recover (the caller arranges the
-            caches, and for recover the fault: benchmarks/faults.py)
+            caches, and for recover the fault: benchmarks/ttfb/faults.py)
         out: directory for the per-rank trace files
         cache_dir: the mode's shared storage (fastinit, stock-best); none: nothing kept
         data_dir: root of the generated synthetic Criteo-style datasets
@@ -126,7 +126,7 @@ def ttfb(
         job_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     app = dist.ddp(
         *args,
-        m="benchmarks.trainer",
+        m="benchmarks.ttfb.trainer",
         image=image,
         name=f"ttfb-{mode}-{model}",
         cpu=cpu,

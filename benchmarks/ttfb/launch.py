@@ -19,7 +19,7 @@ class RunSpec:
     """One launch."""
 
     mode: str
-    """Trainer mode (:data:`benchmarks.trainer.MODES`)."""
+    """Trainer mode (:data:`benchmarks.ttfb.trainer.MODES`)."""
     model: str
     cache: str
     """Scenario label."""
@@ -101,12 +101,12 @@ def _check(spec: RunSpec, ok: bool, detail: str, what: str) -> list[str]:
 
 
 def run_trainer(spec: RunSpec) -> list[str]:
-    """Launch :mod:`benchmarks.trainer` once; returns its per-rank trace files.
+    """Launch :mod:`benchmarks.ttfb.trainer` once; returns its per-rank trace files.
 
     Raises:
         RuntimeError: the run failed or left fewer trace files than ranks.
     """
-    from benchmarks.components import trainer_args, ttfb
+    from benchmarks.ttfb.components import trainer_args, ttfb
 
     _fresh_out(spec.out)
     env = _path_env()
@@ -143,18 +143,18 @@ def run_trainer(spec: RunSpec) -> list[str]:
             spec.checkpoint_dir,
             spec.checkpoint_step,
         )
-        cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.trainer", *args]
+        cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.ttfb.trainer", *args]
         ok, detail = _run(cmd, {**env, **_env(spec)}, spec)
     return _check(spec, ok, detail, "run")
 
 
 def run_floor(spec: RunSpec, plan_file: str) -> list[str]:
-    """Launch :mod:`benchmarks.floor` once (torchrun); returns its per-rank trace files."""
+    """Launch :mod:`benchmarks.ttfb.floor` once (torchrun); returns its per-rank trace files."""
     _fresh_out(spec.out)
     cmd = [
         *_torchrun(spec.nproc),
         "-m",
-        "benchmarks.floor",
+        "benchmarks.ttfb.floor",
         "--model",
         spec.model,
         "--plan",

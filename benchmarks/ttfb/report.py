@@ -1,5 +1,5 @@
 """The benchmark's report: tables (Markdown), targets, the timeline picture and the Perfetto
-trace, from the summary :mod:`benchmarks.bench` builds. Drawing goes through
+trace, from the summary :mod:`benchmarks.ttfb.main` builds. Drawing goes through
 :mod:`fastinit.report` (the same code ``fastinit report TRACE_DIR`` uses)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.analysis import TIMELINE
-from benchmarks.scenarios import RULES
-from benchmarks.trainer import MODES
+from benchmarks.ttfb.analysis import TIMELINE
+from benchmarks.ttfb.scenarios import RULES
+from benchmarks.ttfb.trainer import MODES
 
 __all__ = [
     "format_table",
@@ -207,7 +207,7 @@ def format_first_step(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def ett_section(rows: Sequence[Mapping[str, Any]]) -> str:
     """What the measured restart saving against stock-best is worth in ETT points."""
-    from benchmarks.ett import JobProfile, ett, ett_points_saved
+    from benchmarks.ttfb.ett import JobProfile, ett, ett_points_saved
 
     restarts = [r for r in rows if r["scenario"] == "new-hosts"]
     if not restarts:
@@ -233,7 +233,7 @@ def ett_section(rows: Sequence[Mapping[str, Any]]) -> str:
         f"optimal (Young) interval: ETT {best.ett_pct:.3f}% → {fast.ett_pct:.3f}%, "
         f"**{points:+.3f} ETT points** ({points / 100 * 86400:+.0f} s of training a day) on "
         "this host. At scale the saving per restart is the projected one, not this machine's "
-        "seconds (`benchmarks/ett.py` has the model).\n"
+        "seconds (`benchmarks/ttfb/ett.py` has the model).\n"
     )
 
 
@@ -278,7 +278,7 @@ FAILURES_PER_DAY = 3.0
 def recover_section(summary: Mapping[str, Any]) -> str:
     """The recover scenario: time to recover beside time to start, where it goes, the
     checkpoint interval from the measured blocking time, and the ETT points."""
-    from benchmarks.ett import DAY_S, JobProfile, ett
+    from benchmarks.ttfb.ett import DAY_S, JobProfile, ett
     from fastinit.checkpoint.interval import FORMULA, choose_interval
 
     rows = summary.get("recover_table") or []
@@ -291,7 +291,7 @@ def recover_section(summary: Mapping[str, Any]) -> str:
         "\n## Time to recover (a rank killed mid-job)\n",
         f"The job runs under torchrun `--max-restarts {plan.get('max_restarts')}`, checkpoints "
         f"after step {plan.get('checkpoint_step')}, and its last rank is SIGKILLed right after "
-        f"step {plan.get('kill_step')} (`benchmarks/faults.py`); torchrun restarts every worker, "
+        f"step {plan.get('kill_step')} (`benchmarks/ttfb/faults.py`); torchrun restarts every worker, "
         "which find the caches the first attempt left and resume from the checkpoint. Time to "
         "recover: from the kill to the first batch after the resume (the last rank's); time to "
         "start: the same mode's same-hosts restart without a checkpoint. stock-best saves with "
@@ -384,7 +384,7 @@ def write_report(summary: Mapping[str, Any], path: str) -> None:
         "- **fastinit**: `fastinit.setup` (plan cache, one record exchange) in a stage graph: "
         "data pipeline and compilation on a fast batch (compile cache) beside the sharding.\n"
         "- **floor**: the irreducible pieces timed alone in the same run, on the same ranks, "
-        "with the caches of the scenario (`benchmarks/floor.py`): launch + imports, process "
+        "with the caches of the scenario (`benchmarks/ttfb/floor.py`): launch + imports, process "
         "group, building the sharded model from a given plan with every message free (fake "
         "backend), the data pipeline's first batch, the first compiled step; floor = launch + "
         "the longest chain (process group → build → first step, beside the first batch).\n",

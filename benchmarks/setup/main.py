@@ -1,6 +1,6 @@
 """Sharding-setup time, stock (``collective_plan`` + DMP) versus ``fastinit.setup``, cold and warm.
 
-    python -m benchmarks.bench_setup [--nproc 4] [--ec-tables 1024] [--ebc-tables 0]
+    python -m benchmarks.setup [--nproc 4] [--ec-tables 1024] [--ebc-tables 0]
 
 Every rank times each path between barriers (outside the timed regions); the figure reported is
 the max over ranks. Counts come from the tracer. Writes ``bench-out/setup/setup.json``.

@@ -1,8 +1,8 @@
 """The plan at scale: encoded size, encode + decode + validation time, plan-cache read.
 
-    python -m benchmarks.scale_plan [--ranks 64,1024,4096,8192] [--model medium]
+    python -m benchmarks.scale.plan [--ranks 64,1024,4096,8192] [--model medium]
 
-For each world size: the mixed plan of ``benchmarks.scale`` (and the plan with every layout),
+For each world size: the mixed plan of ``benchmarks.scale.main`` (and the plan with every layout),
 encoded with fastinit's codec; the times of one encode of the decoded (compact) plan, one decode
 and ``validate_plan`` as a receiving rank runs them; and a plan-cache ``put`` / ``get`` round trip
 in a temporary directory (what each of N ranks reads from shared storage on a cache hit).
@@ -24,8 +24,8 @@ def measure(model: str, plan_kind: str, n: int, local: int = 8) -> dict[str, Any
     """Sizes and times for one world size (run in this process)."""
     import pickle
 
-    from benchmarks.scale import PLANS, _model
-    from benchmarks.trainer import _sharders
+    from benchmarks.scale.main import PLANS, _model
+    from benchmarks.ttfb.trainer import _sharders
     from fastinit.plan.cache import PlanCache
     from fastinit.plan.codec import decode_plan, encode_plan
     from fastinit.plan.validate import validate_plan
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 def _in_subprocess_measure(model: str, kind: str, n: int) -> dict[str, Any]:
     from fastinit.testing.dist import FreshProcessError, call_fresh
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         return call_fresh(  # type: ignore[no-any-return]
-            "benchmarks.scale_plan", "measure", [model, kind, n], 1800, cwd=root
+            "benchmarks.scale.plan", "measure", [model, kind, n], 1800, cwd=root
         )
     except FreshProcessError as e:
         return {"world_size": n, "plan": kind, "error": str(e)[-2000:]}

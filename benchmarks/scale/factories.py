@@ -1,8 +1,8 @@
 """A model and an explicit plan of a user's own, for ``make scale``'s factories.
 
     python -m benchmarks.scale --ranks 64,512,4096 --stock-max 0 --paths compact,explicit \\
-        --model-factory benchmarks.scale_factories:user_model \\
-        --plan-factory benchmarks.scale_factories:user_plan
+        --model-factory benchmarks.scale.factories:user_model \\
+        --plan-factory benchmarks.scale.factories:user_plan
 
 Not fastinit's reference model: TorchRec modules built directly (no ``fastinit.testing``), nested
 under a ``ModuleDict``, tables of several sizes and dims (small enough that
@@ -74,7 +74,7 @@ def user_plan(module: Any, world_size: int, local_world_size: int) -> Any:
     host, through TorchRec's ``construct_module_sharding_plan``."""
     from torchrec.distributed import sharding_plan as sp
 
-    from benchmarks.scale import explicit_plan
+    from benchmarks.scale.main import explicit_plan
 
     hosts = max(1, world_size // local_world_size)
 

@@ -1,7 +1,7 @@
 """Trace analysis of the time-to-first-batch benchmark: pure functions, traces in, numbers out.
 
-The per-rank traces come from :mod:`benchmarks.trainer` (``bench`` record, stage spans, c10d /
-store / group events) and :mod:`benchmarks.floor` (``floor`` record, one span per piece); the
+The per-rank traces come from :mod:`benchmarks.ttfb.trainer` (``bench`` record, stage spans, c10d /
+store / group events) and :mod:`benchmarks.ttfb.floor` (``floor`` record, one span per piece); the
 generic parts (loading, spans, which span an event fell in, counts, longest chain) are
 :mod:`fastinit.report`'s.
 """
@@ -12,8 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.floor import FLOOR_DEPS, FLOOR_PIECES
-from benchmarks.trainer import STAGES
+from benchmarks.ttfb.floor import FLOOR_DEPS, FLOOR_PIECES
+from benchmarks.ttfb.trainer import STAGES
 from fastinit.report import comm_counts, critical_path, load, stage_of
 
 __all__ = [
@@ -269,7 +269,7 @@ def analyse_recover(
     before: Mapping[int, Mapping[int, float]] | None = None,
 ) -> dict[str, Any]:
     """One recover run: the restarted workers' traces (``paths``), the kill's record
-    (:func:`benchmarks.faults.read_kill`), the first attempt's ``save-rank<N>.json`` records and
+    (:func:`benchmarks.ttfb.faults.read_kill`), the first attempt's ``save-rank<N>.json`` records and
     its losses per rank and step (``before``, from ``losses-a0-rank<N>.json``).
 
     ``recover_s``: from the kill to the first batch after the resume (the last rank's);

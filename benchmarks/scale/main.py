@@ -26,12 +26,12 @@ would (fastinit's codec), then times:
 returning an explicit ``ShardingPlan``) measure a model and plan of the user's; the defaults are
 ``--model`` and ``--plan`` built with ``fastinit.testing.models.build_plan`` (TorchRec's
 ``sharding_plan`` helpers). :func:`reference_model` / :func:`reference_plan` are the 288-table
-model and six-layout plan of issue 23 (``--model-factory benchmarks.scale:reference_model
---plan-factory benchmarks.scale:reference_plan``).
+model and six-layout plan of issue 23 (``--model-factory benchmarks.scale.main:reference_model
+--plan-factory benchmarks.scale.main:reference_plan``).
 
 Peak RSS is the process's ``ru_maxrss`` (imports included; ``rss_before_mb`` is the same before
 setup). Results: ``scale.json`` (schema ``{"model", "rows": [{"world_size", "mode", "setup_s",
-"peak_rss_mb"}]}``, read by ``benchmarks.projection``), ``scale.md`` and a log-log ``scale.png``.
+"peak_rss_mb"}]}``, read by ``benchmarks.ttfb.projection``), ``scale.md`` and a log-log ``scale.png``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 __all__ = ["ScaleConfig", "measure_rank", "fit_exponent", "run", "format_table", "main"]
 
@@ -71,7 +71,7 @@ class ScaleConfig:
     """One ``make scale`` run."""
 
     model: str = "medium"
-    """A model of ``benchmarks.trainer.MODELS`` (medium: 192 EBC + 64 EC tables)."""
+    """A model of ``benchmarks.ttfb.trainer.MODELS`` (medium: 192 EBC + 64 EC tables)."""
     plan: str = "mixed4"
     """A key of :data:`PLANS`."""
     ranks: tuple[int, ...] = RANKS
@@ -112,7 +112,7 @@ def _model(name: str, ebc_only: bool, factory: str | None = None) -> Any:
         if ebc_only:
             raise ValueError("a factory model has no EBC-only variant (use --stock-max 0)")
         return _resolve(factory)()
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.testing.models import build_model
 
     spec = model_spec(name)
@@ -279,7 +279,7 @@ def measure_rank(
     from torch.testing._internal.distributed import fake_pg
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from benchmarks.trainer import _sharders
+    from benchmarks.ttfb.trainer import _sharders
     from fastinit.plan.codec import decode_plan
 
     logging.disable(logging.WARNING)
@@ -366,11 +366,11 @@ def measure_rank(
 
 
 def _in_subprocess(fn: str, args: Sequence[Any], timeout: float) -> Any:
-    """``benchmarks.scale.<fn>(*args)`` in a fresh process; ``{"error": ...}`` if it fails."""
+    """``benchmarks.scale.main.<fn>(*args)`` in a fresh process; ``{"error": ...}`` if it fails."""
     from fastinit.testing.dist import FreshProcessError, call_fresh
 
     try:
-        return call_fresh("benchmarks.scale", fn, args, timeout, cwd=ROOT)
+        return call_fresh("benchmarks.scale.main", fn, args, timeout, cwd=ROOT)
     except FreshProcessError as e:
         return {"error": str(e).splitlines()[-1:]}
 
@@ -586,7 +586,7 @@ def profile(
 
     import torchrec.distributed.model_parallel  # noqa: F401
 
-    import benchmarks.trainer  # noqa: F401  (imports outside the profile)
+    import benchmarks.ttfb.trainer  # noqa: F401  (imports outside the profile)
     import fastinit.sharding.kernels  # noqa: F401
 
     with tempfile.TemporaryDirectory(prefix="fastinit-scale-") as tmp:

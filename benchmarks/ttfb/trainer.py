@@ -1,6 +1,6 @@
 """The reference trainer of the time-to-first-batch benchmark: stock TorchRec or fastinit.
 
-    torchrun --nproc-per-node 2 -m benchmarks.trainer --mode fastinit --model small --out DIR
+    torchrun --nproc-per-node 2 -m benchmarks.ttfb.trainer --mode fastinit --model small --out DIR
 
 Every rank starts a :class:`fastinit.trace.Tracer` (comm counting on) as soon as torch is
 imported, runs the seven start-up stages Meta names as spans — ``device_init``,
@@ -29,16 +29,16 @@ moment that first ``progress`` returns; a ``launch`` span covers interpreter sta
 
 After a failure (``--checkpoint-dir`` holding a committed checkpoint: the ``recover`` scenario,
 under torchrun ``--max-restarts``), every mode resumes before its first step: a ``resume`` span
-loads the checkpoint the mode's way (:mod:`benchmarks.recovery`; in fastinit mode a stage beside
+loads the checkpoint the mode's way (:mod:`benchmarks.ttfb.recovery`; in fastinit mode a stage beside
 the data pipeline) and the data skips to the checkpoint's step. ``--steps`` trains that many
 steps in all (the first batch is still the first ``progress``), ``--checkpoint-step K`` saves
-after step K; :func:`benchmarks.faults.after_step` runs after every step (it kills a rank only
+after step K; :func:`benchmarks.ttfb.faults.after_step` runs after every step (it kills a rank only
 where the environment arms it). The trace's ``bench`` record carries every step's loss.
 
 Real parts (the same in every mode): DataLoader worker processes, forked once the trainer has
 imported torch and TorchRec (``--worker-start fork``, Linux's default; ``spawn`` re-imports torch
 in every worker) reading a synthetic Criteo-style dataset from files
-(:mod:`benchmarks.data`), a compiled dense + over arch, a fused embedding optimizer
+(:mod:`benchmarks.ttfb.data`), a compiled dense + over arch, a fused embedding optimizer
 (EXACT_ROWWISE_ADAGRAD in the TBE kernels), a dense Adagrad, ``TrainPipelineSparseDist``.
 
 The process group is initialised here from torchrun's ``MASTER_ADDR``/``MASTER_PORT`` with a
@@ -241,7 +241,7 @@ def model_spec(name: str) -> Any:
 def unsharded_model(model: str = "small") -> Any:
     """A reference model unsharded on the CPU, the factory ``fastinit publish`` takes for the
     trainer's checkpoints: ``fastinit publish CKPT --out DIR --model
-    benchmarks.trainer:unsharded_model -a model=medium``."""
+    benchmarks.ttfb.trainer:unsharded_model -a model=medium``."""
     from fastinit.testing.models import build_model
 
     return build_model(model_spec(model), device="cpu")
@@ -262,7 +262,7 @@ class _Trainer:
         self.plan: Any = None
         self.model: Any = None
         self.optimizer: Any = None
-        from benchmarks.recovery import latest
+        from benchmarks.ttfb.recovery import latest
 
         #: (path, step) of the checkpoint to resume from, or None.
         self.resume_from = latest(config.checkpoint_dir)
@@ -325,7 +325,7 @@ class _Trainer:
         return device
 
     def preproc_creation(self) -> Any:
-        from benchmarks.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
+        from benchmarks.ttfb.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
 
         spec = model_spec(self.config.model)
         path = ensure_dataset(DatasetConfig(spec=spec), self.config.data_dir)
@@ -422,7 +422,7 @@ class _Trainer:
 
     def resume(self, built: tuple[Any, Any]) -> tuple[Any, Any]:
         """Load the checkpoint found at start into the model and optimizer, the mode's way."""
-        from benchmarks.recovery import load
+        from benchmarks.ttfb.recovery import load
 
         model, optimizer = built
         if self.resume_from is not None:
@@ -655,8 +655,8 @@ def _train_on(
     steps up to ``--steps``, each followed by the hooks; their losses go into ``losses`` and,
     after every step, to ``losses-a<attempt>-rank<N>.json`` in the trace directory (a killed
     attempt's losses survive it: the recover scenario compares them with the resumed ones)."""
-    from benchmarks import faults
-    from benchmarks.recovery import Saver
+    from benchmarks.ttfb import faults
+    from benchmarks.ttfb.recovery import Saver
     from fastinit import trace
 
     config = trainer.config

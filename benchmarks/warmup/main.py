@@ -1,6 +1,6 @@
 """Time to first batch: sequential start-up against fastinit.warmup's concurrent stages.
 
-    python -m benchmarks.bench_warmup [--data-seconds 8] [--repeats 1] [--no-cache-bench]
+    python -m benchmarks.warmup [--data-seconds 8] [--repeats 1] [--no-cache-bench]
 
 A small reference trainer (a 1-rank gloo DistributedModelParallel of a DLRM-style model) whose data
 pipeline — a DataLoader whose spawned worker sleeps ``--data-seconds`` before its first batch —

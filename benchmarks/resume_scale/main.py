@@ -54,9 +54,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.scale import fit_exponent, plan_types
+from benchmarks.scale.main import fit_exponent, plan_types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 __all__ = [
     "ResumeScaleConfig",
@@ -77,7 +77,7 @@ __all__ = [
 
 RANKS: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: The plan of ``make scale``: cycled over the tables.
-# The table layouts the benchmark plans with: make scale's "mixed4" (benchmarks.scale.PLANS).
+# The table layouts the benchmark plans with: make scale's "mixed4" (benchmarks.scale.main.PLANS).
 PLAN = "mixed4"
 
 
@@ -86,7 +86,7 @@ class ResumeScaleConfig:
     """One ``make resume-scale`` run."""
 
     model: str = "medium"
-    """A model of ``benchmarks.trainer.MODELS`` (medium: 192 EBC + 64 EC tables)."""
+    """A model of ``benchmarks.ttfb.trainer.MODELS`` (medium: 192 EBC + 64 EC tables)."""
     model_factory: str | None = None
     """``module:function`` returning the user's unsharded model (meta device); replaces ``model``."""
     plan_factory: str | None = None
@@ -130,7 +130,7 @@ def _factory(ref: str) -> Any:
 def _module(config: ResumeScaleConfig) -> Any:
     if config.model_factory:
         return _factory(config.model_factory)()
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.testing.models import build_model
 
     return build_model(model_spec(config.model), device="meta")
@@ -197,7 +197,7 @@ def _join(n: int, rank: int, local: int) -> None:
             "WORLD_SIZE": str(n),
         }
     )
-    # TorchRec skips the sharded modules' state on a backend named "fake" (as benchmarks/scale.py).
+    # TorchRec skips the sharded modules' state on a backend named "fake" (as benchmarks/scale/main.py).
     if _BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(
             _BACKEND, fake_pg._create_fake_pg, extended_api=True, devices=["cpu"]
@@ -244,7 +244,7 @@ def _setup(config: ResumeScaleConfig, n: int, rank: int, plan_path: str) -> Any:
     import torch
 
     import fastinit
-    from benchmarks.trainer import _sharders
+    from benchmarks.ttfb.trainer import _sharders
 
     _join(n, rank, min(config.local_world_size, n))
     return fastinit.setup(
@@ -623,7 +623,7 @@ def _fresh(fn: str, args: Sequence[Any], timeout: float) -> dict[str, Any]:
     from fastinit.testing.dist import FreshProcessError, call_fresh
 
     try:
-        return call_fresh("benchmarks.resume_scale", fn, args, timeout, cwd=ROOT)
+        return call_fresh("benchmarks.resume_scale.main", fn, args, timeout, cwd=ROOT)
     except FreshProcessError as e:
         return {"error": str(e).splitlines()[-1:]}
 

@@ -1,22 +1,22 @@
 """Time to first batch: stock, stock-best and fastinit against the floor, per scenario.
 
-    python -m benchmarks.bench                       # 2 ranks, small + medium, 3 repeats
-    python -m benchmarks.bench --models large --nproc 4 --repeats 1
-    python -m benchmarks.bench --prime fastinit small new-hosts 2   # make prime
-    python -m benchmarks.bench --one fastinit small new-hosts 2     # make ttfb: exactly one run
-    python -m benchmarks.bench --one fastinit small recover 2       # time to recover, one run
+    python -m benchmarks.ttfb                       # 2 ranks, small + medium, 3 repeats
+    python -m benchmarks.ttfb --models large --nproc 4 --repeats 1
+    python -m benchmarks.ttfb --prime fastinit small new-hosts 2   # make prime
+    python -m benchmarks.ttfb --one fastinit small new-hosts 2     # make ttfb: exactly one run
+    python -m benchmarks.ttfb --one fastinit small recover 2       # time to recover, one run
 
-Each run launches :mod:`benchmarks.trainer` on ``--nproc`` ranks through the torchx component
-:func:`benchmarks.components.ttfb` (``--launcher torchrun``: torchrun directly); the floor is
-:mod:`benchmarks.floor` under torchrun. Per repeat and model: for each scenario (cold, then the
-restarts, :mod:`benchmarks.scenarios`) every mode runs once in the scenario's state, then the
+Each run launches :mod:`benchmarks.ttfb.trainer` on ``--nproc`` ranks through the torchx component
+:func:`benchmarks.ttfb.components.ttfb` (``--launcher torchrun``: torchrun directly); the floor is
+:mod:`benchmarks.ttfb.floor` under torchrun. Per repeat and model: for each scenario (cold, then the
+restarts, :mod:`benchmarks.ttfb.scenarios`) every mode runs once in the scenario's state, then the
 floor with that scenario's caches. The modes' order rotates with the repeat, so drift in the
 machine's load does not favour one mode. The ``recover`` scenario (stock-best and fastinit, no
 floor) kills a rank mid-job and measures the time from the kill to the first batch after the
-resume (:data:`benchmarks.scenarios.RECOVER`).
+resume (:data:`benchmarks.ttfb.scenarios.RECOVER`).
 
-Modules: :mod:`benchmarks.launch` (launching), :mod:`benchmarks.scenarios` (caches and rules),
-:mod:`benchmarks.analysis` (traces to numbers, pure), :mod:`benchmarks.report` (tables,
+Modules: :mod:`benchmarks.ttfb.launch` (launching), :mod:`benchmarks.ttfb.scenarios` (caches and rules),
+:mod:`benchmarks.ttfb.analysis` (traces to numbers, pure), :mod:`benchmarks.ttfb.report` (tables,
 targets, pictures). Writes to ``--out`` (default ``bench-out/``): ``summary.json``,
 ``report.md``, ``timeline.png``, ``trace.json``; prints the table.
 """
@@ -33,7 +33,7 @@ import shutil
 import time
 from typing import Any
 
-from benchmarks.analysis import (
+from benchmarks.ttfb.analysis import (
     TIMELINE,
     analyse_floor,
     analyse_recover,
@@ -44,8 +44,8 @@ from benchmarks.analysis import (
     summarize_recover,
     table_rows,
 )
-from benchmarks.launch import RunSpec, run_floor, run_trainer
-from benchmarks.scenarios import (
+from benchmarks.ttfb.launch import RunSpec, run_floor, run_trainer
+from benchmarks.ttfb.scenarios import (
     RECOVER,
     RECOVER_MODES,
     SCENARIOS,
@@ -54,7 +54,7 @@ from benchmarks.scenarios import (
     prepare,
     snapshot_primed,
 )
-from benchmarks.trainer import MODES
+from benchmarks.ttfb.trainer import MODES
 
 __all__ = ["BenchConfig", "run_bench", "prime", "run_single", "main"]
 
@@ -64,7 +64,7 @@ class BenchConfig:
     """What the driver runs."""
 
     models: tuple[str, ...] = ("small", "medium")
-    """Reference models (keys of :data:`benchmarks.trainer.MODELS`)."""
+    """Reference models (keys of :data:`benchmarks.ttfb.trainer.MODELS`)."""
     scenarios: tuple[str, ...] = SCENARIOS
     """Scenarios (a restart scenario always follows a cold run of the same mode)."""
     modes: tuple[str, ...] = MODES
@@ -174,9 +174,9 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
 def _recover(
     config: BenchConfig, layout: Layout, model: str, out: str, label: str
 ) -> dict[str, Any]:
-    """One recover run (:data:`benchmarks.scenarios.RECOVER`): the job under torchrun with
+    """One recover run (:data:`benchmarks.ttfb.scenarios.RECOVER`): the job under torchrun with
     restarts, a checkpoint, a rank killed, every worker restarted and resumed."""
-    from benchmarks.faults import KillAt, read_kill
+    from benchmarks.ttfb.faults import KillAt, read_kill
 
     prepare(layout, "recover")
     kill_file = os.path.abspath(os.path.join(out, "kill.json"))
@@ -246,7 +246,7 @@ def _make_plan(model: str, nproc: int, path: str) -> None:
     import torch
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    from benchmarks.trainer import _sharders, model_spec
+    from benchmarks.ttfb.trainer import _sharders, model_spec
     from fastinit.testing.models import build_model
 
     planner = EmbeddingShardingPlanner(
@@ -278,9 +278,9 @@ def _versions(raw: dict[str, Any]) -> dict[str, str]:
 
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run everything, write the outputs, return the summary."""
-    from benchmarks import report
-    from benchmarks.data import DatasetConfig, ensure_dataset
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb import report
+    from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
+    from benchmarks.ttfb.trainer import model_spec
 
     missing = {"stock", "stock-best", "fastinit"} - set(config.modes)
     if missing:
@@ -357,8 +357,8 @@ def _single_layout(config: BenchConfig, mode: str, model: str) -> Layout:
 
 
 def _ensure_data(config: BenchConfig, model: str) -> None:
-    from benchmarks.data import DatasetConfig, ensure_dataset
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
+    from benchmarks.ttfb.trainer import model_spec
 
     ensure_dataset(DatasetConfig(spec=model_spec(model)), os.path.join(config.out, "data"))
 

@@ -1,11 +1,11 @@
 """Cold planning time: TorchRec's EmbeddingShardingPlanner against fastinit's FastPlanner.
 
-    python -m benchmarks.bench_planner [--tables 64,256,1024] [--world-sizes 8,64,512]
+    python -m benchmarks.planner [--tables 64,256,1024] [--world-sizes 8,64,512]
         [--stock-cap 120] [--fast-cap 600] [--device cpu] [--local-world-size 8]
         [--out bench-out/planner]
-    python -m benchmarks.bench_planner --sweep [--tables 256,1024,4096,16384]
+    python -m benchmarks.planner --sweep [--tables 256,1024,4096,16384]
         [--world-sizes 8,512,4096] [--out benchmarks/results/planner-sweep]
-    python -m benchmarks.bench_planner --profile OUT.txt --tables 4096 --world-sizes 4096
+    python -m benchmarks.planner --profile OUT.txt --tables 4096 --world-sizes 4096
 
 For every (tables, world size) pair, each planner plans the same model for the same topology in its
 own fresh process (``plan()`` alone is timed: wall and CPU seconds; the process's peak RSS is
@@ -139,7 +139,7 @@ def run_worker(
         cmd = [
             sys.executable,
             "-m",
-            "benchmarks.bench_planner",
+            "benchmarks.planner",
             "--worker",
             which,
             "--tables",
@@ -299,7 +299,7 @@ def sweep(tables: list[int], world_sizes: list[int], args: argparse.Namespace) -
     (out / "sweep.json").write_text(json.dumps({"env": env, "rows": rows, "fits": fits}, indent=2))
     md = (
         "# FastPlanner sweep: tables x world size\n\n"
-        f"`python -m benchmarks.bench_planner --sweep --tables {args.tables} "
+        f"`python -m benchmarks.planner --sweep --tables {args.tables} "
         f"--world-sizes {args.world_sizes} --out {args.out}`; one fresh process per cell, "
         "`plan()` alone timed.\n\n" + sweep_markdown(rows, fits, env)
     )

@@ -1,8 +1,8 @@
 """The floor: the irreducible pieces of a start-up, each timed alone, on every rank.
 
-    torchrun --nproc-per-node 2 -m benchmarks.floor --model small --plan PLAN.pt --out DIR
+    torchrun --nproc-per-node 2 -m benchmarks.ttfb.floor --model small --plan PLAN.pt --out DIR
 
-Run with the same ranks, host and caches as the trainer (:mod:`benchmarks.trainer`), one piece
+Run with the same ranks, host and caches as the trainer (:mod:`benchmarks.ttfb.trainer`), one piece
 after the other with the ranks lined up (a store barrier, not timed) before each:
 
 * ``launch``: process start to ``torch``, TorchRec (``torchrec.distributed``) and fbgemm imported;
@@ -20,7 +20,7 @@ after the other with the ranks lined up (a store barrier, not timed) before each
   ``torch._dynamo``) and creating the pipeline.
 
 Every rank writes ``trace-rank<N>.jsonl`` with one span per piece and a ``floor`` record
-(the seconds of each piece); :func:`benchmarks.analysis.floor_of` turns them into the floor:
+(the seconds of each piece); :func:`benchmarks.ttfb.analysis.floor_of` turns them into the floor:
 launch + the longest chain through the rest (``FLOOR_DEPS``).
 """
 
@@ -67,7 +67,7 @@ def _register_fakestate() -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One rank's floor pieces; returns (and records) its ``floor`` record."""
-    from benchmarks.trainer import process_start_time
+    from benchmarks.ttfb.trainer import process_start_time
 
     t_start = process_start_time()
     import torch
@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import fastinit
-    from benchmarks.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
-    from benchmarks.trainer import COMPILE_TARGETS, _sharders, model_spec
+    from benchmarks.ttfb.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
+    from benchmarks.ttfb.trainer import COMPILE_TARGETS, _sharders, model_spec
     from fastinit import trace
     from fastinit.testing.models import build_model
     from fastinit.warmup import CompileConfig, compile_modules
@@ -223,7 +223,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     record = run(_parse(argv))
     print(f"rank {record['rank']}: floor pieces {record['seconds']}", flush=True)
-    from benchmarks.trainer import exit_now
+    from benchmarks.ttfb.trainer import exit_now
 
     exit_now()
 

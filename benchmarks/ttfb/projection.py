@@ -1,6 +1,6 @@
 """Time to first batch at 1,024 and 4,096 ranks, projected: stock, stock-best and fastinit.
 
-    python -m benchmarks.projection [--summary bench-out/summary.json] [--out bench-out]
+    python -m benchmarks.ttfb.projection [--summary bench-out/summary.json] [--out bench-out]
                                     [--scale-json scale.json]
 
 Time to first batch at N ranks, per mode and scenario (cold, restart on new hosts), is the
@@ -309,7 +309,7 @@ def measure_planning(model: str, n: int, which: str) -> float:
 
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from benchmarks.trainer import _sharders, model_spec
+    from benchmarks.ttfb.trainer import _sharders, model_spec
     from fastinit.planner import FastPlanner
     from fastinit.testing.models import build_model
 
@@ -323,8 +323,8 @@ def measure_planning(model: str, n: int, which: str) -> float:
 
 
 def _mixed_plan(module: Any, n: int, local: int) -> Any:
-    """``make scale``'s 4-layout plan (``benchmarks.scale``, "mixed4") for ``n`` ranks."""
-    from benchmarks.scale import plan_types
+    """``make scale``'s 4-layout plan (``benchmarks.scale.main``, "mixed4") for ``n`` ranks."""
+    from benchmarks.scale.main import plan_types
     from fastinit.testing.models import build_plan
 
     return build_plan(module, plan_types(module, "mixed4"), world_size=n, local_world_size=local)
@@ -332,7 +332,7 @@ def _mixed_plan(module: Any, n: int, local: int) -> Any:
 
 def plan_sizes(model: str, n: int) -> dict[str, int]:
     """Bytes of the mixed plan for ``n`` ranks: pickled (stock) and fastinit's encoding."""
-    from benchmarks.trainer import model_spec
+    from benchmarks.ttfb.trainer import model_spec
     from fastinit.plan.codec import encode_plan
     from fastinit.testing.models import build_model
 
@@ -346,7 +346,7 @@ def fake_rank_setup(model: str, n: int) -> dict[str, float]:
     (run in a fresh process)."""
     import tempfile
 
-    from benchmarks.scale import measure_rank, write_plan
+    from benchmarks.scale.main import measure_rank, write_plan
 
     local = min(8, n)
     with tempfile.TemporaryDirectory(prefix="fastinit-projection-") as tmp:
@@ -360,11 +360,11 @@ def _in_subprocess(fn: str, *args: str, timeout: float = 900) -> Any:
     from fastinit.testing.dist import call_fresh
 
     return call_fresh(
-        "benchmarks.projection",
+        "benchmarks.ttfb.projection",
         fn,
         args,
         timeout,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
 
 
@@ -724,7 +724,7 @@ def format_ttfb_projection(p: dict[str, Any]) -> str:
     lines = [
         f"## Time to first batch at scale, projected ({p['model']} model)\n",
         f"Measured on this host at {p.get('nproc', '?')} ranks, projected with the components "
-        "of `benchmarks/projection.py` (fabric "
+        "of `benchmarks/ttfb/projection.py` (fabric "
         f"{p['fabric']['name']}; local work per rank from {p.get('local_source', '?')}; planning "
         "only where the mode plans: stock always, stock-best and fastinit when cold). Not "
         "projected: the scheduler, container start and checkpoint load, the same for every mode. "

@@ -1,0 +1,4 @@
+"""Stock TorchRec's start-up, per phase (``make baseline``).
+
+python -m benchmarks.baseline --help
+"""

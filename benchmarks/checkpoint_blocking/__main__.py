@@ -1,0 +1,9 @@
+"""``python -m benchmarks.checkpoint_blocking``: :func:`benchmarks.checkpoint_blocking.main.main`."""
+
+import sys
+
+from benchmarks.checkpoint_blocking.main import main
+
+sys.argv[0] = "python -m benchmarks.checkpoint_blocking"  # what --help shows
+
+main(sys.argv[1:])

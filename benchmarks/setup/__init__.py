@@ -1,0 +1,4 @@
+"""Sharding-setup time, stock (``collective_plan`` + DMP) against ``fastinit.setup``.
+
+python -m benchmarks.setup --help
+"""

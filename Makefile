@@ -132,10 +132,11 @@ peer: $(STAMP)
 	  --out $(PEER_OUT) $(PEER_ARGS)
 
 # fastinit's CUDA path on one GPU (NCCL, fbgemm CUDA kernels, one training step): installs the
-# CUDA builds first (CUDA=1), then scripts/gpu_check.sh; under 8 minutes once installed.
+# CUDA builds first (CUDA=1), then every check of benchmarks/gpu_check/; under 8 minutes once
+# installed. Output in bench-out/gpu-check/.
 gpu-check:
 	$(MAKE) env CUDA=1
-	PY=$(PY) bash scripts/gpu_check.sh
+	$(PY) -m benchmarks.gpu_check
 
 clean:
 	rm -rf .venv .venv-1.9 bench-out .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""``make gpu-check``: fastinit's CUDA path on one GPU (a few minutes).
+"""``make gpu-check``, step 1: fastinit's start-up on CUDA and NCCL, one GPU (a few minutes).
 
 Checks, in order (each prints PASS/FAIL with its time; the exit status is the number of FAILs):
 
@@ -21,7 +21,7 @@ timeout path is not exercised here; see docs/startup.md.
 
 Usage::
 
-    .venv/bin/python -m scripts.gpu_check --out bench-out/gpu-check
+    .venv/bin/python -m benchmarks.gpu_check.startup --out bench-out/gpu-check
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""GPU check of fastinit.warmup: per-thread CUDA device, warm-up and the compile cache with Triton.
+"""``make gpu-check``, step 2: fastinit.warmup on CUDA: per-thread device, warm-up, compile cache.
 
-    python -m examples.gpu_check            # or: from examples.gpu_check import gpu_check_warmup
+    python -m benchmarks.gpu_check.warmup   # or: from benchmarks.gpu_check.warmup import gpu_check_warmup
 
 Needs CUDA (1 GPU is enough; with 2 or more the device checks use a non-zero device). Not run by
 the CPU test suite. Checks, each a clear ``AssertionError`` when it fails:

@@ -1,6 +1,6 @@
-"""A short GPU run of the time-to-first-batch benchmark, for ``make gpu-check``.
+"""``make gpu-check``, step 3: a short GPU run of the time-to-first-batch benchmark.
 
-    python -m benchmarks.gpu_check [--out bench-out/gpu-check]
+    python -m benchmarks.gpu_check.ttfb [--out bench-out/gpu-check]
 
 Every mode (stock, stock-best, fastinit), cold and same-hosts, one repeat, the tiny model with its
 dense arch compiled, as many ranks as this host has GPUs (NCCL), plus the floor; fails if any run

@@ -1,0 +1,58 @@
+"""``make gpu-check``'s runner (benchmarks/gpu_check/__main__.py), on a host without a GPU: every
+step names a module that exists, a step's time limit and kept output hold, and without CUDA the
+run stops before any step with a non-zero exit status."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.gpu_check import __main__ as gpu_check
+
+
+def test_every_step_is_a_module_that_exists() -> None:
+    modules = [step[0] for _, _, step in gpu_check.STEPS]
+    assert modules == [
+        "benchmarks.gpu_check.startup",
+        "benchmarks.gpu_check.warmup",
+        "benchmarks.gpu_check.ttfb",
+        "benchmarks.checkpoint_blocking",
+    ]
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+    assert set(gpu_check.KEEP_STDOUT) <= set(modules)
+
+
+def test_a_step_is_stopped_at_its_time_limit() -> None:
+    start = time.monotonic()
+    code = gpu_check._run(["timeit", "-n", "1", "import time; time.sleep(60)"], 1, None)
+    assert code == 124
+    assert time.monotonic() - start < 30
+
+
+def test_a_kept_output_is_written(tmp_path: pathlib.Path) -> None:
+    keep = tmp_path / "out.json"
+    assert gpu_check._run(["json.tool", "--help"], 60, keep) == 0
+    assert "json.tool" in keep.read_text()
+
+
+def test_without_cuda_no_step_runs(tmp_path: pathlib.Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=pathlib.Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode != 0
+    assert "no CUDA device" in done.stderr
+    assert "gpu-check 1/" not in done.stdout

@@ -1,7 +1,7 @@
 """Process groups: only those a sharding plan needs, created only on their members.
 
 ``import fastinit.pg`` loads neither torch nor torchrec; the names below load
-:mod:`fastinit.pg.registry` on first use. See that module for the API and ``README.md`` here for the
+:mod:`fastinit.pg.registry` on first use. See that module for the API and ``docs/pg.md`` for the
 cost model.
 
 Example::

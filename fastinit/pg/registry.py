@@ -18,7 +18,7 @@ of each. This module creates just those two, and only on their members:
 Groups are cached per (parent group, local size, backend) and reused by every later call -- repeated
 ``setup`` calls, several sharded modules in one model -- until the default group is destroyed or
 re-created, or a cached group is destroyed. The cost model (group creations and store round-trips
-per rank, stock against fastinit, 8 to 4,096 ranks) is in ``fastinit/pg/README.md``.
+per rank, stock against fastinit, 8 to 4,096 ranks) is in ``docs/pg.md``.
 
 Names: ``new_group(use_local_synchronization=True)`` names a group
 ``sha1("<ranks joined by _>_<number of groups this process has registered>")``

@@ -548,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--title", help="title of the picture and the table")
     r.set_defaults(run=_cmd_report)
 
-    c = sub.add_parser("checkpoint", help="checkpoint tools: the interval, consolidate for DCP")
+    c = sub.add_parser(
+        "checkpoint", help="checkpoint tools: the interval, consolidate for DCP, verify"
+    )
     csub = c.add_subparsers(dest="checkpoint_command", required=True, metavar="SUBCOMMAND")
     ci = csub.add_parser(
         "interval",
@@ -575,6 +577,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cc.add_argument("dir", help="a committed fastinit checkpoint directory")
     cc.set_defaults(run=_cmd_consolidate)
+    cv = csub.add_parser(
+        "verify",
+        help="read every file of a checkpoint and check it against the digests the commit proves",
+        description="Read every file of a committed fastinit checkpoint (every rank's part) and "
+        "check its size and digest against its manifest, each manifest against the commit "
+        "marker. Exit status 0 when every byte is proven; an error names the first file that "
+        "is missing, of another size or of another digest.",
+    )
+    cv.add_argument("dir", help="a committed fastinit checkpoint directory")
+    cv.set_defaults(run=_cmd_verify)
 
     pub = sub.add_parser(
         "publish",
@@ -606,6 +618,19 @@ def _cmd_consolidate(args: argparse.Namespace) -> int:
     except CheckpointError as e:
         raise CliError(str(e)) from None
     print(path)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from fastinit.checkpoint import CheckpointError, verify
+
+    try:
+        got = verify(args.dir)
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
+    print(
+        f"{args.dir}: save {got['save_id']}, {got['files']} files, {got['bytes']:,} bytes verified"
+    )
     return 0
 
 

@@ -20,6 +20,8 @@ __all__ = [
     "get_torchrec_src",
     "get_port_check",
     "get_vec_isa_record",
+    "get_checkpoint_staging",
+    "get_checkpoint_tier",
     "override",
 ]
 
@@ -39,6 +41,14 @@ KNOBS: dict[str, str] = {
     "FASTINIT_VEC_ISA_RECORD": "`off` stops `fastinit.warmup` from keeping Inductor's CPU "
     "vector-ISA probe result in the compile cache's root (default `on`: a warm restart answers "
     "the probe from that record instead of compiling and loading test libraries).",
+    "FASTINIT_CHECKPOINT_STAGING": "How `fastinit.checkpoint.save` stages and writes: `process` "
+    "(default: reusable buffers in /dev/shm, written by a writer process per rank that outlives "
+    "the trainer), `thread` (reusable buffers in the trainer's memory, written by a thread of "
+    "it) or `off` (a fresh copy per save, freed once written).",
+    "FASTINIT_CHECKPOINT_TIER": "The host-memory tier: `on` (default: the latest committed "
+    "save's staging buffer stays in /dev/shm, and a worker restarted on the same host loads from "
+    "it), `off` (one staging buffer per rank; loads read storage), or the largest buffer kept, "
+    "in bytes (`8G`, `512M`).",
 }
 
 
@@ -81,6 +91,43 @@ def get_vec_isa_record() -> bool:
     if value not in ("on", "off"):
         raise ValueError(f"FASTINIT_VEC_ISA_RECORD must be on or off, got {value!r}")
     return value == "on"
+
+
+def get_checkpoint_staging() -> str:
+    """``process`` (default), ``thread`` or ``off``: see ``FASTINIT_CHECKPOINT_STAGING``."""
+    value = (_get("FASTINIT_CHECKPOINT_STAGING") or "process").strip().lower()
+    if value not in ("process", "thread", "off"):
+        raise ValueError(
+            f"FASTINIT_CHECKPOINT_STAGING must be process, thread or off, got {value!r}"
+        )
+    return value
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def get_checkpoint_tier() -> int | None:
+    """The host-memory tier's bound in bytes: None (``on``: no bound), 0 (``off``) or a size.
+
+    Raises:
+        ValueError: not ``on``, ``off`` or a size such as ``8G``.
+    """
+    value = (_get("FASTINIT_CHECKPOINT_TIER") or "on").strip()
+    if value.lower() == "on":
+        return None
+    if value.lower() == "off":
+        return 0
+    number, unit = value.rstrip("KMGTkmgtBb"), value[len(value.rstrip("KMGTkmgtBb")) :]
+    unit = unit.upper().removesuffix("B")
+    try:
+        size = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise ValueError(
+            f"FASTINIT_CHECKPOINT_TIER must be on, off or a size such as 8G, got {value!r}"
+        ) from None
+    if not math.isfinite(size) or size < 0:
+        raise ValueError(f"FASTINIT_CHECKPOINT_TIER must be a non-negative size, got {value!r}")
+    return int(size)
 
 
 #: The longest ``FASTINIT_COLLECTIVE_TIMEOUT`` accepted: one day. A start-up collective that may

@@ -17,3 +17,11 @@ def fastinit_logger_restored() -> Iterator[None]:
     log.handlers[:] = saved[0]
     log.setLevel(saved[1])
     log.propagate = saved[2]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the checkpoint staging buffers the session's ranks left in /dev/shm (they end with
+    os._exit, as a crashed trainer would, so they keep them for a restart)."""
+    from fastinit.checkpoint import tier
+
+    tier.reclaim(any_launcher=True)

@@ -5,18 +5,19 @@
   background save's collectives must not interleave with training's) with DCP's
   ``BlockingAsyncStager`` (its default stager cannot copy ShardedTensors), so the loop blocks
   only for the staging copy; ``dcp.load`` with DCP's load planning.
-* ``fastinit``: :func:`fastinit.checkpoint.save` (``blocking=False``) where the package has it,
-  else :func:`fastinit.warmup.save_checkpoint`; resumed by :func:`fastinit.warmup.load_checkpoint`
-  (each rank reads its own shards, no collective) as a stage beside the data pipeline.
+* ``fastinit``: :class:`fastinit.checkpoint.CheckpointManager` (``save``: the loop blocks for
+  the staging copy; the writer process writes and commits) and :func:`fastinit.checkpoint.load`
+  (each rank reads its own shards, from the host-memory tier when the save's staging buffer is
+  still on this host), as a start-up stage before the warm-up.
 
-A checkpoint ``step-<K>/`` counts once rank 0 has seen it committed and written ``latest``
-(atomically): a job killed mid-save resumes from the previous one. Each rank writes
-``save-rank<N>.json`` (blocking and commit seconds, bytes) to the trace directory.
+A stock checkpoint ``step-<K>/`` counts once rank 0 has seen it committed and written ``latest``
+(atomically); a fastinit one once its commit marker is there (the manager's ``latest``). A job
+killed mid-save resumes from the previous one. Each rank writes ``save-rank<N>.json`` (blocking
+and commit seconds, bytes) to the trace directory.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -27,10 +28,15 @@ __all__ = ["LATEST", "latest", "Saver", "load", "checkpoint_bytes"]
 LATEST = "latest"
 
 
-def latest(checkpoint_dir: str | None) -> tuple[str, int] | None:
+def latest(checkpoint_dir: str | None, mode: str = "stock") -> tuple[str, int] | None:
     """``(path, step)`` of the last committed checkpoint in ``checkpoint_dir``, or None."""
     if not checkpoint_dir:
         return None
+    if mode == "fastinit":
+        from fastinit.checkpoint import CheckpointManager
+
+        found = CheckpointManager(checkpoint_dir).latest()
+        return None if found is None else (found[1], found[0])
     try:
         with open(os.path.join(checkpoint_dir, LATEST)) as f:
             rec = json.load(f)
@@ -62,14 +68,6 @@ def _state(model: Any, optimizer: Any) -> dict[str, Any]:
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
 
-def _fastinit_save() -> Any:
-    """``fastinit.checkpoint.save`` where the installed fastinit has it, else None."""
-    try:
-        return importlib.import_module("fastinit.checkpoint").save
-    except (ImportError, AttributeError):
-        return None
-
-
 class Saver:
     """Saves the job's checkpoints in the mode's way; :meth:`wait` commits."""
 
@@ -81,6 +79,11 @@ class Saver:
         self._pending: Any = None
         self._record: dict[str, Any] = {}
         self._pg: Any = None
+        self._manager: Any = None
+        if mode == "fastinit":
+            from fastinit.checkpoint import CheckpointManager
+
+            self._manager = CheckpointManager(checkpoint_dir, keep=2)
 
     def save(self, step: int, model: Any, optimizer: Any) -> float:
         """Start the checkpoint of ``step``; returns the seconds the loop was blocked."""
@@ -107,15 +110,8 @@ class Saver:
                 async_stager=BlockingAsyncStager(),
             )
         else:
-            save = _fastinit_save()
-            if save is not None:
-                self._pending = save(path, model, {"optim": optimizer}, blocking=False)
-                how = "fastinit.checkpoint.save"
-            else:
-                from fastinit.warmup import save_checkpoint
-
-                save_checkpoint(path, model, {"optim": optimizer})
-                how = "fastinit.warmup.save_checkpoint (blocking)"
+            self._pending = self._manager.save(step, model, {"optim": optimizer})
+            how = "fastinit.checkpoint.CheckpointManager.save"
         blocking = time.perf_counter() - t0
         self._record = {"step": step, "path": path, "how": how, "blocking_s": blocking, "t0": t0}
         if self._pending is None:
@@ -127,7 +123,11 @@ class Saver:
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        if hasattr(pending, "wait"):
+        if self._manager is not None:
+            self._manager.wait()
+            self._record["staged_bytes"] = pending.staged_bytes
+            self._record["stage_s"] = pending.stage_s
+        elif hasattr(pending, "wait"):
             pending.wait()
         else:  # a concurrent.futures.Future (dcp.async_save)
             pending.result()
@@ -137,24 +137,31 @@ class Saver:
         rec = self._record
         rec["commit_s"] = time.perf_counter() - rec.pop("t0")
         if self.rank == 0:
-            _mark_latest(self.checkpoint_dir, int(rec["step"]))
+            if self._manager is None:
+                _mark_latest(self.checkpoint_dir, int(rec["step"]))
             rec["bytes"] = checkpoint_bytes(str(rec["path"]))
         os.makedirs(self.out, exist_ok=True)
         with open(os.path.join(self.out, f"save-rank{self.rank}.json"), "w") as f:
             json.dump({**rec, "rank": self.rank}, f)
 
 
-def load(mode: str, path: str, model: Any, optimizer: Any) -> str:
-    """Load the checkpoint at ``path`` in place, the mode's way; returns how."""
+def load(mode: str, path: str, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` in place, the mode's way; returns how, and (fastinit)
+    the bytes read from storage and from the host-memory tier."""
     if mode == "fastinit":
-        from fastinit.warmup import load_checkpoint
+        from fastinit import checkpoint
 
-        load_checkpoint(path, model, {"optim": optimizer})
-        return "fastinit.warmup.load_checkpoint"
+        report = checkpoint.load(path, model, {"optim": optimizer})
+        return {
+            "how": f"fastinit.checkpoint.load ({report.mode}, {report.tier})",
+            "storage_bytes": report.bytes_read,
+            "memory_bytes": report.memory_bytes,
+            "seconds": report.seconds,
+        }
     import torch.distributed.checkpoint as dcp
 
     state = _state(model, optimizer)
     dcp.load(state, checkpoint_id=path)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])
-    return "dcp.load"
+    return {"how": "dcp.load", "storage_bytes": checkpoint_bytes(path), "memory_bytes": 0}

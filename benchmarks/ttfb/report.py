@@ -299,7 +299,7 @@ def recover_section(summary: Mapping[str, Any]) -> str:
         + ", ".join(
             sorted({str(m.get("fastinit", {}).get("save_how", "?")) for m in recover.values()})
         )
-        + " and resumes with `fastinit.warmup.load_checkpoint` as a stage beside the data "
+        + " and resumes with `fastinit.checkpoint.load` as a stage beside the data "
         "pipeline.\n",
         format_recover(rows),
         "\nLosses after the resume against the same steps trained before the kill (from the "

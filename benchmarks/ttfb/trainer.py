@@ -265,7 +265,7 @@ class _Trainer:
         from benchmarks.ttfb.recovery import latest
 
         #: (path, step) of the checkpoint to resume from, or None.
-        self.resume_from = latest(config.checkpoint_dir)
+        self.resume_from = latest(config.checkpoint_dir, config.mode)
 
     # -- the seven stages ----------------------------------------------------------------------
 
@@ -427,7 +427,9 @@ class _Trainer:
         model, optimizer = built
         if self.resume_from is not None:
             path, step = self.resume_from
-            self.info["resume_how"] = load(self.config.mode, path, model, optimizer)
+            loaded = load(self.config.mode, path, model, optimizer)
+            self.info["resume_how"] = loaded.pop("how")
+            self.info["resume_read"] = loaded
             self.info["resumed_from_step"] = step
         return built
 
@@ -579,14 +581,16 @@ class _Trainer:
             after["compile_prefetch"] = ("preproc_creation",)
             after["pre_train"] = ("compile_prefetch",)
         if self.resume_from is not None:
-            # The load is local (no collective): beside the data pipeline, before the warm-up
-            # (which snapshots and restores the state it runs on).
+            # Beside the data pipeline, before the warm-up (which snapshots and restores the
+            # state it runs on); on the collective lane: the load ends with its verdict (one
+            # all_reduce).
             # (Stages are declared after what they depend on.)
             order = list(stages)
             order.insert(order.index("train_module_creation") + 1, "resume")
             stages = {n: self.resume if n == "resume" else stages[n] for n in order}
             deps["resume"] = ("train_module_creation",)
             deps["pre_train"] = ("resume",)
+            collective.add("resume")
         if self.config.pipeline_fill == "startup":
             # After pre_train on the collective lane (its input distribution is collective), so
             # no other stage runs while its torch.fx trace patches nn.Module process-wide.
@@ -867,7 +871,7 @@ def run(config: TrainerConfig) -> dict[str, Any]:
             trainer.save_for_next_run()
     _train_on(trainer, pipeline, data, step, losses, out)
     summary["losses"] = {str(k): v for k, v in sorted(losses.items())}
-    summary.update({k: trainer.info[k] for k in ("resume_how", "resumed_from_step", "save", "swapped_at")
+    summary.update({k: trainer.info[k] for k in ("resume_how", "resume_read", "resumed_from_step", "save", "swapped_at")
                     if k in trainer.info})  # fmt: skip
     tracer.record(summary)
     tracer.stop()

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
         load,
         overlaps,
         plan_reads,
+        verify,
     )
+    from fastinit.checkpoint.manager import CheckpointManager
     from fastinit.checkpoint.publishing import (
         PublishError,
         PublishReport,
@@ -51,11 +53,15 @@ if TYPE_CHECKING:
         record_verification,
     )
     from fastinit.checkpoint.reshard import StoredShard, overlapping
-    from fastinit.checkpoint.saving import SaveHandle, save
+    from fastinit.checkpoint.saving import SaveHandle, close, prepare, save
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("IntervalChoice", "choose_interval", "format_choice"), "interval"),
+    "CheckpointManager": "manager",
+    "verify": "loading",
     "save": "saving",
+    "prepare": "saving",
+    "close": "saving",
     "SaveHandle": "saving",
     "load": "loading",
     "LoadReport": "loading",
@@ -78,6 +84,8 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "CheckpointError",
+    "CheckpointManager",
+    "verify",
     "Index",
     "IntervalChoice",
     "LoadReport",
@@ -95,6 +103,8 @@ __all__ = [
     "rank_dir",
     "read_index",
     "save",
+    "prepare",
+    "close",
     "PublishError",
     "PublishReport",
     "load_unsharded",

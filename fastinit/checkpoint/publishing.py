@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fastinit.checkpoint.format import CheckpointError
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -51,7 +53,7 @@ logger = logging.getLogger("fastinit.checkpoint")
 VERIFY_FILE = "fastinit-verify.pt"
 
 
-class PublishError(RuntimeError):
+class PublishError(CheckpointError):
     """The checkpoint cannot be published: it does not fit the model, or the output is taken."""
 
 

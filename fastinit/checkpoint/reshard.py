@@ -1,6 +1,6 @@
 """Which stored shards overlap a new shard: interval arithmetic on shard runs.
 
-A stored layout is a tuple of :class:`~fastinit.sharding.layout.ShardRun` (row-wise over N ranks
+A stored layout is a tuple of :class:`~fastinit.plan.layout.ShardRun` (row-wise over N ranks
 is one or two runs, table-wise one shard, column-wise, table-row-wise and grid a few runs). For a
 new chunk ``[a, a + n)`` (per dim), the shards ``j`` of a run that overlap it form an interval in
 ``j`` on every dim whose offset advances with ``j`` (solved in O(1)), and a yes/no on the dims

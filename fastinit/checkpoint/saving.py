@@ -1,36 +1,49 @@
-"""``save``: every rank writes its own shards with DCP's storage layer; one collective commits.
+"""``save``: one copy on the loop, a writer process for the rest, one verdict for every rank.
 
-Each rank, without any collective:
+On every rank, :func:`save`:
 
-1. flattens ``{"model": model.state_dict(), <name>: optimizer.state_dict()}`` with DCP's rules
-   and splits it into its sharded values (ShardedTensor / sharded DTensor) and the replicated
-   rest;
-2. with ``blocking=False``, stages them into CPU memory (pinned on CUDA; DCP's
-   ``DefaultStager``) — the only part the caller waits for — and writes on a background thread;
-3. writes ``rank_<r>/`` with ``torch.distributed.checkpoint.save(..., no_dist=True)`` through
-   a ``FileSystemWriter``: a DCP checkpoint of its own shards (``__0_0.distcp`` +
-   ``.metadata``), plus ``layouts.json`` (the global layout of each sharded value whose shard 0
-   it holds); rank 0 also writes ``replicated/`` (the replicated values, once) and the index.
+1. finishes this process's previous save if it is still in flight (one save in flight per
+   process: its ``wait``);
+2. checks the user's input and the directory (no committed checkpoint there, fastinit's or stock
+   DCP's; no save of this process in flight into it), then sends the save's one start message:
+   an all_gather of a 64-byte record (this rank's verdict on the input, a digest of the
+   directory it was given, and on rank 0 the save's id). Any problem on any rank (bad
+   ``metadata`` on rank 0 only, a rank given another directory) raises the same
+   :class:`CheckpointError` on every rank before a byte is written;
+3. copies the rank's tensors (its shards; rank 0 also the replicated values) into a staging
+   buffer allocated once (:mod:`fastinit.checkpoint.staging`) — the only part the loop waits
+   for — and hands the buffer and DCP's save plan to the writer
+   (:mod:`fastinit.checkpoint.writer`), which writes ``data-<save id>/`` while training goes on.
 
-:meth:`SaveHandle.wait` then joins the writer and sends the one collective of a save: an
-``all_reduce(MIN)`` of "my files are durable". If every rank succeeded, rank 0 writes the commit
-marker (atomically, last); otherwise every rank raises :class:`CheckpointError` and no marker is
-written, so the directory is never taken for a checkpoint, and nothing outside it was touched.
+:meth:`SaveHandle.wait` gives every rank one verdict: it gathers every rank's "files durable"
+and manifest digest, rank 0 creates the commit marker (naming the digest of every manifest and
+the index), and rank 0's verdict is broadcast; if those messages fail (a peer died), the verdict
+comes from the files (:mod:`fastinit.checkpoint.commit`). Every wait is bounded by
+``FASTINIT_COLLECTIVE_TIMEOUT``.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
+import io
 import json
 import os
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fastinit.checkpoint import _dcp
+from fastinit import _faults, knobs
+from fastinit.checkpoint import _dcp, tier
+from fastinit.checkpoint import commit as commits
 from fastinit.checkpoint import format as fmt
+from fastinit.checkpoint._comm import CollectiveFailed, Group
+from fastinit.checkpoint.digest import DIGEST_BYTES, digest
+from fastinit.checkpoint.staging import Layout, Pool, copy_in
 from fastinit.checkpoint.state import (
     build_state,
     entry_of,
@@ -39,109 +52,227 @@ from fastinit.checkpoint.state import (
     is_sharded,
     shard0_rank,
 )
+from fastinit.checkpoint.writer import Part, WriteJob, WriterProcess, WriterThread, Written
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["save", "SaveHandle", "WRITER"]
+__all__ = ["save", "prepare", "SaveHandle", "close"]
+
+_RECORD = 64
+_VERDICT = 24
+# What a rank found wrong with a save before writing (the start record's first byte).
+_PROBLEMS = {
+    1: "bad input (metadata, optimizers or directory)",
+    2: "the directory holds a committed fastinit checkpoint",
+    3: "the directory holds a stock DCP checkpoint",
+    4: "a save of this process into the directory is in flight",
+    5: "preparing the state failed",
+}
+# The verdict rank 0 broadcasts.
+_COMMITTED, _RANK_FAILED, _MARKER_FAILED, _TAKEN = 1, 2, 3, 4
 
 
-def _writer(path: str) -> Any:
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    return FileSystemWriter(path, sync_files=True)
-
-
-#: Builds the ``StorageWriter`` of one directory (a DCP ``FileSystemWriter``). Tests replace it
-#: with a wrapper that fails (a full disk) to check that a failed save commits nothing.
-WRITER = _writer
+class _Refused(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def _rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+# -- the process's saving machinery -----------------------------------------------------------
 
 
-def _nbytes(values: Mapping[str, Any]) -> int:
+class _Saver:
+    """This process's staging buffers, writer and save in flight (one per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.pool: Pool | None = None
+        self.writer: WriterProcess | WriterThread | None = None
+        self.pending: SaveHandle | None = None
+        self.plans: dict[str, tuple[Any, Any, Any]] = {}
+        self.mode = ""
+        self.warned = False
+        self._exit_hook = False
+
+    def setup(self, rank: int) -> None:
+        """Make the pool and start the writer (once)."""
+        with self.lock:
+            if self.pool is not None:
+                return
+            mode = knobs.get_checkpoint_staging()
+            tier = knobs.get_checkpoint_tier()
+            self.pool = Pool(
+                rank,
+                keep_tier=tier != 0 and mode == "process",
+                tier_limit=tier,
+                shared=mode == "process",
+                reuse=mode != "off",
+            )
+            if mode == "process" and not self.pool.shared:
+                mode = "thread"
+            self.mode = mode
+            if mode == "process":
+                try:
+                    self.writer = WriterProcess()
+                except OSError as e:
+                    warnings.warn(
+                        f"fastinit.checkpoint: cannot start the writer process ({e}); writing "
+                        "on a thread of the trainer",
+                        stacklevel=3,
+                    )
+                    self.mode = "thread"
+            if self.writer is None:
+                self.writer = WriterThread()
+            else:
+                self._take_over(rank)
+            if not self._exit_hook:
+                atexit.register(_at_exit)
+                self._exit_hook = True
+
+    def _take_over(self, rank: int) -> None:
+        """Remove dead jobs' buffers; reuse the ones this rank's predecessor left (a restart)."""
+        assert self.pool is not None
+        with contextlib.suppress(OSError):
+            tier.reclaim()
+        loaded = tier.last_loaded()
+        found = sorted(tier.adoptable(rank, _job()), key=lambda x: x[1] != loaded)  # tier first
+        for segment, save_id in found:
+            self.pool.adopt(segment, save_id or "", tier=save_id is not None and save_id == loaded)
+
+    def ensure_writer(self) -> WriterProcess | WriterThread:
+        """The writer for the next job: a process while the buffers are shared, else (no
+        /dev/shm, or it filled up) a thread; a writer process that died is started again."""
+        assert self.writer is not None and self.pool is not None
+        if isinstance(self.writer, WriterProcess):
+            if not self.pool.shared:
+                self.writer.close()
+                self.writer = WriterThread()
+                self.mode = "thread"
+            elif not self.writer.alive():
+                self.writer = WriterProcess()
+        return self.writer
+
+
+_SAVER = _Saver()
+
+
+def _at_exit() -> None:
+    """At interpreter exit: say what happens to a save still in flight; release the buffers
+    when the process ends cleanly (a crash keeps them: the host-memory tier for a restart)."""
+    handle = _SAVER.pending
+    if handle is not None and not handle._waited:
+        if isinstance(_SAVER.writer, WriterProcess):
+            print(
+                f"fastinit.checkpoint: WARNING: the save into {handle.checkpoint_dir} was still "
+                "in flight at exit (SaveHandle.wait() was not called); its writer process "
+                "finishes it and commits it from the files",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"fastinit.checkpoint: WARNING: the save into {handle.checkpoint_dir} was still "
+                "in flight at exit (SaveHandle.wait() was not called); finishing it here",
+                file=sys.stderr,
+            )
+            handle._finish_at_exit()
+    writer = _SAVER.writer
+    if writer is not None:
+        writer.close()
+    crashed = hasattr(sys, "last_value")
+    if _SAVER.pool is not None and not crashed:
+        _SAVER.pool.release()
+
+
+def close() -> None:
+    """Finish this process's save in flight (``wait``), stop the writer, release the staging
+    buffers (the host-memory tier included). Call it when the job ends cleanly."""
+    handle = _SAVER.pending
+    if handle is not None and not handle._waited:
+        handle.wait()
+    with _SAVER.lock:
+        if _SAVER.writer is not None:
+            _SAVER.writer.close()
+            _SAVER.writer = None
+        if _SAVER.pool is not None:
+            _SAVER.pool.release()
+            _SAVER.pool = None
+
+
+# -- what a save writes ---------------------------------------------------------------------------
+
+
+def _plan_key(values: Mapping[str, Any]) -> str:
+    """A digest of everything DCP's save plan of ``values`` depends on (not their data)."""
     import torch
     from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torch.distributed.tensor import DTensor
 
-    total = 0
-    for v in values.values():
+    parts: list[Any] = []
+    for fqn, v in values.items():
         if isinstance(v, ShardedTensor):
-            total += sum(s.tensor.numel() * s.tensor.element_size() for s in v.local_shards())
-        elif isinstance(v, DTensor):
-            t = v.to_local()
-            total += t.numel() * t.element_size()
+            md = v.metadata()
+            shards = [
+                (tuple(s.metadata.shard_offsets), tuple(s.metadata.shard_sizes))
+                for s in v.local_shards()
+            ]
+            parts.append((fqn, "st", str(md.tensor_properties.dtype), tuple(md.size), shards))
         elif isinstance(v, torch.Tensor):
-            total += v.numel() * v.element_size()
-    return total
+            chunks = [(tuple(c.offsets), tuple(c.sizes)) for c in _dcp.chunks_of(v)]
+            parts.append((fqn, type(v).__name__, str(v.dtype), tuple(v.shape), chunks))
+        else:
+            parts.append((fqn, "obj"))
+    return digest(repr(parts).encode())
 
 
-def _stage(values: Mapping[str, Any]) -> dict[tuple[str, tuple[int, ...] | None], Any]:
-    """Copy every tensor of ``values`` into CPU memory (pinned when CUDA is there).
+def _plan(values: Mapping[str, Any], cache: dict[str, tuple[Any, Any, Any]], key: str) -> Any:
+    """DCP's final save plan and metadata of ``values`` as one DCP checkpoint (cached)."""
+    hit = cache.get(key)
+    if hit is not None:
+        return hit[0], hit[1]
+    from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
 
-    Returns ``(fqn, chunk offsets) -> copy`` (offsets None for a non-tensor value, deep-copied):
-    what :class:`_StagedPlanner` hands DCP's writer instead of the live tensors. The live
-    ShardedTensors still describe the layout (their metadata does not change in training).
-    """
-    import copy
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(dict(values), storage_meta=None, is_coordinator=True)
+    local = planner.create_local_plan()
+    plans, metadata = planner.create_global_plan([local])
+    plans = FileSystemWriter("unused").prepare_global_plan(plans)
+    final = planner.finish_plan(plans[0])
+    if len(cache) > 8:
+        cache.clear()
+    cache[key] = (final, metadata, None)
+    return final, metadata
 
+
+def _tensors(values: Mapping[str, Any]) -> list[tuple[str, tuple[int, ...], Any]]:
+    """Every tensor chunk of ``values`` this rank writes: ``(fqn, chunk offsets, local data)``."""
     import torch
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.tensor import DTensor
 
-    pin = torch.cuda.is_available()
-    cuda_copies = False
-
-    def cpu(t: torch.Tensor) -> torch.Tensor:
-        nonlocal cuda_copies
-        t = t.detach()
-        if t.device.type == "cpu" and not pin:
-            return t.clone()
-        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin and t.device.type != "cpu")
-        cuda_copies = cuda_copies or t.device.type == "cuda"
-        out.copy_(t, non_blocking=t.device.type == "cuda")
-        return out
-
-    staged: dict[tuple[str, tuple[int, ...] | None], Any] = {}
+    out: list[tuple[str, tuple[int, ...], Any]] = []
     for fqn, v in values.items():
         if isinstance(v, ShardedTensor):
             for shard in v.local_shards():
-                staged[(fqn, tuple(shard.metadata.shard_offsets))] = cpu(shard.tensor)
+                out.append((fqn, tuple(shard.metadata.shard_offsets), shard.tensor))
         elif isinstance(v, DTensor):
             (chunk,) = _dcp.chunks_of(v)
-            staged[(fqn, tuple(chunk.offsets))] = cpu(v.to_local())
+            out.append((fqn, tuple(chunk.offsets), v.to_local()))
         elif isinstance(v, torch.Tensor):
-            staged[(fqn, (0,) * v.dim())] = cpu(v)
-        else:
-            staged[(fqn, None)] = copy.deepcopy(v)
-    if cuda_copies:
-        torch.cuda.synchronize()
-    return staged
+            out.append((fqn, (0,) * v.dim(), v))
+    return out
 
 
-def _planner(staged: Mapping[tuple[str, tuple[int, ...] | None], Any] | None) -> Any:
-    """DCP's default save planner, resolving data from the staged copies when there are some."""
-    from torch.distributed.checkpoint import DefaultSavePlanner
+def _objects(values: Mapping[str, Any]) -> dict[str, bytes]:
+    """The bytes DCP writes for each non-tensor value (its planner's ``torch.save`` of it)."""
+    import torch
 
-    if staged is None:
-        return DefaultSavePlanner()
-    copies = staged
-
-    class _StagedPlanner(DefaultSavePlanner):
-        def lookup_object(self, index: Any) -> Any:
-            offset = None if index.offset is None else tuple(index.offset)
-            key = (index.fqn, offset)
-            if key in copies:
-                return copies[key]
-            return super().lookup_object(index)
-
-    return _StagedPlanner()
+    out: dict[str, bytes] = {}
+    for fqn, v in values.items():
+        if not isinstance(v, torch.Tensor):
+            buf = io.BytesIO()
+            torch.save(v, buf)
+            out[fqn] = buf.getvalue()
+    return out
 
 
 def _build_index(
@@ -150,6 +281,7 @@ def _build_index(
     world_size: int,
     optimizers: list[str],
     metadata: dict[str, Any],
+    save_id: str,
 ) -> fmt.Index:
     import torch
 
@@ -189,6 +321,10 @@ def _build_index(
         step=step if isinstance(step, int) else None,
         metadata=metadata,
         torch_version=torch.__version__,
+        save_id=save_id,
+        state=[
+            entry_of(k, v) for k, v in flat.items() if not k.startswith("model.") and is_sharded(v)
+        ],
     )
 
 
@@ -204,224 +340,563 @@ def _layouts(flat: Mapping[str, Any], rank: int) -> dict[str, list[Any]]:
     return out
 
 
-@dataclasses.dataclass(slots=True)
-class _Work:
-    checkpoint_dir: str
-    rank: int
-    world_size: int
-    sharded: dict[str, Any]
-    replicated: dict[str, Any] | None
-    layouts: dict[str, list[Any]]
-    index: fmt.Index | None
-    staged: dict[Any, Any] | None = None
-
-
-def _write(work: _Work) -> str | None:
-    """Write this rank's files; returns the index digest on rank 0."""
-    import torch.distributed.checkpoint as dcp
-
-    d = work.checkpoint_dir
-    os.makedirs(d, exist_ok=True)
-    rdir = fmt.rank_dir(d, work.rank)
-    os.makedirs(rdir, exist_ok=True)
-    dcp.save(work.sharded, storage_writer=WRITER(rdir), planner=_planner(work.staged), no_dist=True)
-    fmt.write_json_atomic(os.path.join(rdir, fmt.LAYOUTS_FILE), work.layouts)
-    if work.replicated is None or work.index is None:
-        return None
-    rep = os.path.join(d, fmt.REPLICATED_DIR)
-    os.makedirs(rep, exist_ok=True)
-    dcp.save(
-        work.replicated, storage_writer=WRITER(rep), planner=_planner(work.staged), no_dist=True
-    )
-    return fmt.write_index(d, work.index)
+# -- the handle -----------------------------------------------------------------------------------
 
 
 class SaveHandle:
-    """A save in progress; :meth:`wait` on every rank commits it.
+    """A save in progress; :meth:`wait` on every rank gives its verdict.
 
     Attributes:
-        checkpoint_dir: the directory being written.
-        blocking_s: seconds :func:`save` held the caller (staging copy, or the whole save
-            with ``blocking=True``).
-        staged_bytes: bytes of this rank's tensors written (its shards, and the replicated
-            values on rank 0).
+        checkpoint_dir: the checkpoint directory.
+        save_id: the save's identity (every rank's is rank 0's).
+        blocking_s: seconds :func:`save` held the caller (the previous save's finish, the start
+            message and the staging copy; the whole save with ``blocking=True``).
+        stage_s: seconds of the staging copy alone.
+        staged_bytes: bytes of this rank's tensors staged (its shards; rank 0 also the
+            replicated values).
+        wait_s: seconds :meth:`wait` held the caller.
+        committed: True once :meth:`wait` returned.
+        written: the writer's report (bytes, seconds), once waited.
     """
 
-    def __init__(self, work: _Work | None, error: BaseException | None, blocking: bool) -> None:
-        self.checkpoint_dir = work.checkpoint_dir if work is not None else ""
+    def __init__(self, checkpoint_dir: str, save_id: str, group: Group) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.save_id = save_id
         self.blocking_s = 0.0
+        self.stage_s = 0.0
         self.staged_bytes = 0
+        self.wait_s = 0.0
         self.committed = False
-        self._work = work
-        self._error = error
-        self._digest: str | None = None
+        self.written: Written | None = None
+        self._group = group
         self._waited = False
-        self._thread: threading.Thread | None = None
-        if work is not None and error is None and not blocking:
-            self._thread = threading.Thread(
-                target=self._run, name="fastinit-checkpoint-writer", daemon=True
-            )
-            self._thread.start()
-        elif work is not None and error is None:
-            self._run()
-
-    def _run(self) -> None:
-        assert self._work is not None
-        try:
-            self._digest = _write(self._work)
-        except BaseException as e:  # noqa: BLE001 - reported by wait() on every rank
-            self._error = e
-        finally:
-            # Drop the staged copies as soon as they are on disk.
-            self._work.staged = None
+        self._error: BaseException | None = None
+        self._local_failure: Written | None = None
 
     def done(self) -> bool:
-        """True when this rank's files are written (the commit still needs :meth:`wait`)."""
-        return self._thread is None or not self._thread.is_alive()
+        """True when this rank's files are written (the verdict still needs :meth:`wait`)."""
+        if self._waited:
+            return True
+        writer = _SAVER.writer
+        return writer is None or writer.done(self.save_id)
 
     def wait(self) -> None:
-        """Finish this rank's writes, then commit (one ``all_reduce``; call on every rank).
+        """This rank's files durable, then the verdict of every rank (call on every rank).
 
-        Returns when the checkpoint is committed: on rank 0 the commit marker is durable; on
-        the other ranks every rank's files are durable and rank 0 is writing the marker.
+        Returns when the checkpoint is committed (the marker is on disk); raises on every rank
+        otherwise. Bounded by ``FASTINIT_COLLECTIVE_TIMEOUT``.
 
         Raises:
-            CheckpointError: a rank failed to write (every rank raises; nothing is committed).
+            CheckpointError: the save failed on some rank, the directory was committed by
+                another save meanwhile, the marker could not be written, or a peer died before
+                the verdict (then the verdict comes from the files: committed if every rank's
+                files and the marker landed).
         """
         if self._waited:
             if self._error is not None:
                 raise self._error
             return
-        self._waited = True
-        if self._thread is not None:
-            self._thread.join()
-        ok = self._error is None
+        t0 = time.perf_counter()
         try:
-            all_ok = _agree(ok)
-        except Exception as e:  # noqa: BLE001 - a peer died or the group timed out
-            self._error = fmt.CheckpointError(
-                f"committing {self.checkpoint_dir}: the commit collective failed ({e}); "
-                "a rank died or did not call wait(); nothing was committed"
-            )
-            raise self._error from e
-        work = self._work
-        if not all_ok:
-            if ok:
-                self._error = fmt.CheckpointError(
-                    f"saving {self.checkpoint_dir} failed on another rank; nothing was committed"
-                )
-            else:
-                err = self._error
-                self._error = fmt.CheckpointError(
-                    f"saving {self.checkpoint_dir} failed on rank "
-                    f"{work.rank if work else '?'}: {type(err).__name__}: {err}; "
-                    "nothing was committed"
-                )
-                self._error.__cause__ = err
+            self._verdict()
+        except fmt.CheckpointError as e:
+            self._error = e
+        finally:
+            self._waited = True
+            self.wait_s = time.perf_counter() - t0
+            if _SAVER.pool is not None:
+                _SAVER.pool.settle(self.save_id, self._error is None)
+            if _SAVER.writer is not None:
+                _SAVER.writer.verdict(self.save_id)
+        if self._error is not None:
             raise self._error
-        if work is not None and work.rank == 0:
-            assert self._digest is not None
-            try:
-                fmt.commit(work.checkpoint_dir, self._digest, work.world_size)
-            except BaseException as e:
-                self._error = fmt.CheckpointError(
-                    f"writing the commit marker of {self.checkpoint_dir} failed: {e}"
-                )
-                raise self._error from e
         self.committed = True
 
+    def _verdict(self) -> None:
+        group = self._group
+        if self._local_failure is not None:
+            own = self._local_failure
+        else:
+            assert _SAVER.writer is not None
+            own = _SAVER.writer.result(self.save_id, group.timeout)
+        self.written = own
+        mine = bytes([1 if own.ok else 0]) + (
+            bytes.fromhex(own.manifest) if own.ok else b"\0" * DIGEST_BYTES
+        )
+        try:
+            records = group.all_gather_bytes(mine, _VERDICT, "commit exchange")
+            failed = [r for r, rec in enumerate(records) if rec[0] != 1]
+            verdict, reason = _COMMITTED, ""
+            if group.rank == 0:
+                verdict, reason = self._decide(records, failed, own)
+            verdict = group.broadcast_byte(verdict, "commit verdict")
+        except CollectiveFailed as e:
+            self._from_files(own, e)
+            return
+        if verdict == _COMMITTED:
+            return
+        if not own.ok:
+            raise fmt.CheckpointError(
+                f"saving {self.checkpoint_dir} failed on rank {group.rank}: {own.error}; "
+                "nothing was committed"
+            )
+        if verdict == _RANK_FAILED:
+            shown = ", ".join(map(str, failed[:8])) + (" ..." if len(failed) > 8 else "")
+            raise fmt.CheckpointError(
+                f"saving {self.checkpoint_dir} failed on rank(s) {shown} (each says why); "
+                "nothing was committed"
+            )
+        if reason:
+            raise fmt.CheckpointError(reason)
+        if verdict == _TAKEN:
+            raise commits.Taken(
+                f"{self.checkpoint_dir} was committed by another save while this one was being "
+                "written (two jobs, or two saves, into one directory): this save is not committed "
+                "and the checkpoint there is left as it is"
+            )
+        raise fmt.CheckpointError(
+            f"saving {self.checkpoint_dir}: rank 0 could not write the commit marker (rank 0 "
+            "says why); nothing was committed"
+        )
 
-def _agree(ok: bool) -> bool:
-    """All ranks succeeded? The save's one collective (none without a process group)."""
+    def _decide(self, records: list[bytes], failed: list[int], own: Written) -> tuple[int, str]:
+        """Rank 0: commit if every rank's files are durable; the verdict and why not."""
+        if failed:
+            reason = f"rank(s) {failed[:8]} failed to write"
+            commits.abort(self.checkpoint_dir, self.save_id, reason)
+            return _RANK_FAILED, ""
+        try:
+            commits.commit(
+                self.checkpoint_dir,
+                self.save_id,
+                index_digest=own.index,
+                manifests=[rec[1 : 1 + DIGEST_BYTES].hex() for rec in records],
+                replicated=own.replicated,
+                torch_version=_torch_version(),
+                job=_job(),
+            )
+        except fmt.CheckpointError as e:
+            commits.abort(self.checkpoint_dir, self.save_id, str(e))
+            return (_TAKEN if isinstance(e, commits.Taken) else _MARKER_FAILED), str(e)
+        return _COMMITTED, ""
+
+    def _from_files(self, own: Written, cause: Exception) -> None:
+        """The verdict when the messages failed: from the manifests and the marker."""
+        group = self._group
+        try:
+            if group.rank == 0:
+                if not own.ok:
+                    raise fmt.CheckpointError(f"rank 0 failed: {own.error}")
+                manifests = commits.gather_manifests(
+                    self.checkpoint_dir, self.save_id, group.world_size, timeout=group.timeout
+                )
+                commits.commit(
+                    self.checkpoint_dir,
+                    self.save_id,
+                    index_digest=own.index,
+                    manifests=manifests,
+                    replicated=own.replicated,
+                    torch_version=_torch_version(),
+                    job=_job(),
+                )
+            else:
+                commits.await_verdict(self.checkpoint_dir, self.save_id, timeout=group.timeout)
+        except fmt.CheckpointError as e:
+            if group.rank == 0:
+                commits.abort(self.checkpoint_dir, self.save_id, str(e))
+            raise fmt.CheckpointError(f"{e} (the commit messages failed first: {cause})") from cause
+
+    def _finish_at_exit(self) -> None:
+        """At exit, with no writer process: finish the write; rank 0 commits from the files."""
+        writer = _SAVER.writer
+        if writer is None:
+            return
+        own = writer.result(self.save_id, self._group.timeout)
+        self._waited = True
+        if self._group.rank != 0:
+            return
+        try:
+            if not own.ok:
+                raise fmt.CheckpointError(own.error)
+            manifests = commits.gather_manifests(
+                self.checkpoint_dir,
+                self.save_id,
+                self._group.world_size,
+                timeout=self._group.timeout,
+            )
+            commits.commit(
+                self.checkpoint_dir,
+                self.save_id,
+                index_digest=own.index,
+                manifests=manifests,
+                replicated=own.replicated,
+                torch_version=_torch_version(),
+                job=_job(),
+            )
+        except fmt.CheckpointError as e:
+            commits.abort(self.checkpoint_dir, self.save_id, str(e))
+
+
+def _torch_version() -> str:
     import torch
-    import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return ok
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return str(torch.__version__)
+
+
+def _job() -> str:
+    """This job's name for humans: torchelastic's run id, else the launcher's address."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run:
+        return run
+    addr = os.environ.get("MASTER_ADDR")
+    return f"{addr}:{os.environ.get('MASTER_PORT', '')}" if addr else f"pid {os.getppid()}"
+
+
+# -- save -------------------------------------------------------------------------------------------
+
+
+def _check_input(
+    checkpoint_dir: Any, optimizers: Mapping[str, Any] | None, metadata: Mapping[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
+    if not isinstance(checkpoint_dir, (str, os.PathLike)):
+        raise _Refused(1, f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}")
+    path = os.path.normpath(os.path.abspath(os.fspath(checkpoint_dir)))
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise _Refused(1, f"metadata must be a mapping, got {type(metadata).__name__}")
+    meta = dict(metadata or {})
+    try:
+        json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise _Refused(1, f"checkpoint metadata must be JSON-able: {e}") from None
+    step = meta.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise _Refused(1, f"metadata['step'] must be an int, got {step!r}")
+    for name in optimizers or {}:
+        if not isinstance(name, str) or not name or name == "model" or "." in name:
+            raise _Refused(
+                1,
+                f"optimizer names must be non-empty strings without '.', other than 'model': "
+                f"{name!r}",
+            )
+    return path, meta
+
+
+def _check_directory(path: str) -> None:
+    if fmt.is_committed(path):
+        holder = ""
+        with contextlib.suppress(fmt.CheckpointError):
+            holder = f" (save {fmt.read_commit(path).save_id})"
+        raise _Refused(
+            2,
+            f"{path} already holds a committed fastinit checkpoint{holder}; save into a new "
+            "directory (the checkpoint there is left as it is)",
+        )
+    if fmt.has_stock_metadata(path):
+        raise _Refused(
+            3,
+            f"{path} holds a stock DCP checkpoint (a global .metadata); fastinit never writes "
+            "into it: save into a new directory",
+        )
+    pending = _SAVER.pending
+    if pending is not None and not pending._waited and pending.checkpoint_dir == path:
+        raise _Refused(4, f"a save into {path} is already in flight in this process")
+
+
+def _refusal(records: list[bytes], rank: int, own: _Refused | None, path: str) -> str | None:
+    """The one message every rank raises when some rank refused the save, else None."""
+    refused = [(r, rec[0]) for r, rec in enumerate(records) if rec[0] != 0]
+    if refused:
+        if own is not None:
+            return f"rank {rank}: {own}; nothing was written"
+        r, code = refused[0]
+        more = f" (and {len(refused) - 1} more rank(s))" if len(refused) > 1 else ""
+        return (
+            f"saving {path} refused on rank {r}{more}: {_PROBLEMS.get(code, f'code {code}')}; "
+            "nothing was written"
+        )
+    dirs = [rec[1 : 1 + DIGEST_BYTES] for rec in records]
+    other = [r for r, d in enumerate(dirs) if d != dirs[0]]
+    if other:
+        shown = ", ".join(map(str, other[:8])) + (" ..." if len(other) > 8 else "")
+        return (
+            f"the ranks were given different checkpoint directories: rank(s) {shown} differ from "
+            f"rank 0's (this rank's: {path}); nothing was written"
+        )
+    return None
 
 
 def save(
-    checkpoint_dir: str,
+    checkpoint_dir: str | os.PathLike[str],
     model: nn.Module,
     optimizers: Mapping[str, Any] | None = None,
     *,
     blocking: bool = False,
     metadata: Mapping[str, Any] | None = None,
 ) -> SaveHandle:
-    """Save the (sharded) model and optimizers; each rank writes its own shards.
+    """Save the (sharded) model and optimizers; the loop waits only for one memory copy.
 
-    Call on every rank. Nothing is planned centrally and no object is exchanged: each rank
-    writes ``rank_<r>/`` with DCP's ``FileSystemWriter``, rank 0 the replicated values and the
-    index; :meth:`SaveHandle.wait` commits with one small ``all_reduce``.
+    Call on every rank, with the same directory. Each rank's shards (and rank 0's replicated
+    values and index) are written under ``checkpoint_dir/data-<save id>/`` by this rank's writer
+    process; :meth:`SaveHandle.wait` makes them a checkpoint (or not) on every rank alike.
 
     Args:
-        checkpoint_dir: a new directory (shared by the ranks). One that already holds a
-            committed checkpoint is refused (every rank raises from ``wait``).
+        checkpoint_dir: a directory that holds no checkpoint (a committed fastinit checkpoint or a
+            stock DCP one there is refused on every rank, and left as it is).
         model: the model, e.g. the ``DistributedModelParallel`` from :func:`fastinit.setup`.
         optimizers: name -> optimizer (``{"optim": dmp.fused_optimizer}``); names are keys of
-            the saved state, as for :func:`fastinit.warmup.save_checkpoint`.
-        blocking: False (default): return once the state is staged into CPU memory (pinned on
-            CUDA) and write in the background; call :meth:`SaveHandle.wait` on every rank
-            before the next save (it commits). True: write and commit before returning.
-        metadata: JSON-able user metadata kept in the index (``"step"``: an int step).
+            the saved state.
+        blocking: False (default): return once the state is copied into the staging buffer;
+            True: also wait for the verdict (``wait()``) before returning.
+        metadata: JSON-able user metadata kept in the index (``"step"``: an int step). Every
+            rank checks its own; only rank 0's is stored.
 
     Returns:
         A :class:`SaveHandle` (already committed when ``blocking``).
 
     Raises:
-        ValueError: bad arguments (an optimizer named ``model``, non-JSON metadata).
-        CheckpointError: with ``blocking=True``, a rank failed to write (on every rank).
+        CheckpointError: on every rank alike: some rank's input or directory was refused, the
+            ranks named different directories, the previous save failed, a peer did not take
+            part (within ``FASTINIT_COLLECTIVE_TIMEOUT``); with ``blocking``, the verdict.
+        ValueError: ``FASTINIT_COLLECTIVE_TIMEOUT`` (or a checkpoint knob) is malformed.
     """
     t0 = time.perf_counter()
-    rank, world_size = _rank_world()
-    meta = dict(metadata or {})
+    group = Group()
+    knobs.get_checkpoint_staging(), knobs.get_checkpoint_tier()  # a bad knob raises here
+    rank = group.rank
+    previous = _SAVER.pending
+    if previous is not None and not previous._waited:
+        previous.wait()  # one save in flight per process (raises its failure on every rank)
+    own: _Refused | None = None
+    path = os.fspath(checkpoint_dir) if isinstance(checkpoint_dir, (str, os.PathLike)) else ""
+    state: dict[str, Any] | None = None
+    meta: dict[str, Any] = {}
     try:
-        json.dumps(meta)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint metadata must be JSON-able: {e}") from None
-    state = build_state(model, optimizers)
-    work: _Work | None = None
-    error: BaseException | None = None
+        path, meta = _check_input(checkpoint_dir, optimizers, metadata)
+        _check_directory(path)
+        try:
+            state = build_state(model, optimizers)
+        except Exception as e:  # noqa: BLE001 - reported on every rank
+            raise _Refused(5, f"reading the model's and optimizers' state failed: {e!r}") from e
+    except _Refused as e:
+        own = e
+    nonce = os.urandom(16)
+    record = (
+        bytes([own.code if own is not None else 0]) + bytes.fromhex(digest(path.encode())) + nonce
+    )
     try:
-        if fmt.is_committed(checkpoint_dir):
-            raise fmt.CheckpointError(
-                f"{checkpoint_dir} already holds a committed checkpoint; save into a new "
-                "directory (the old one is left as it is)"
-            )
-        flat = flat_state(state)
-        sharded = {k: v for k, v in flat.items() if is_sharded(v)}
-        replicated = {k: v for k, v in flat.items() if not is_sharded(v)} if rank == 0 else None
-        index = (
-            _build_index(model, flat, world_size, list(optimizers or {}), meta)
-            if rank == 0
-            else None
-        )
-        work = _Work(
-            checkpoint_dir=os.fspath(checkpoint_dir),
-            rank=rank,
-            world_size=world_size,
-            sharded=sharded,
-            replicated=replicated,
-            layouts=_layouts(flat, rank),
-            index=index,
-        )
-        staged_bytes = _nbytes(sharded) + (_nbytes(replicated) if replicated else 0)
-        if not blocking:
-            work.staged = _stage({**sharded, **(replicated or {})})
-    except BaseException as e:  # noqa: BLE001 - reported on every rank by wait()
-        error = e
-        staged_bytes = 0
-    if work is None:
-        work = _Work(os.fspath(checkpoint_dir), rank, world_size, {}, None, {}, None)
-    handle = SaveHandle(work, error, blocking)
-    handle.staged_bytes = staged_bytes
+        records = group.all_gather_bytes(record, _RECORD, "save's start message")
+    except CollectiveFailed as e:
+        raise fmt.CheckpointError(f"saving {path}: {e}; nothing was written") from e
+    refusal = _refusal(records, rank, own, path)
+    if refusal is not None:
+        raise fmt.CheckpointError(refusal) from own
+    assert state is not None
+    save_id = records[0][1 + DIGEST_BYTES : 1 + 2 * DIGEST_BYTES].hex()
+    handle = SaveHandle(path, save_id, group)
+    try:
+        _stage_and_submit(handle, model, state, list(optimizers or {}), meta, rank, group)
+    except Exception as e:  # noqa: BLE001 - reported by wait(), which every rank takes part in
+        handle._local_failure = Written(save_id, ok=False, error=f"staging failed: {e!r}")
+    _SAVER.pending = handle
+    handle.blocking_s = time.perf_counter() - t0
     if blocking:
         handle.wait()
-    handle.blocking_s = time.perf_counter() - t0
+        handle.blocking_s = time.perf_counter() - t0
     return handle
+
+
+@dataclasses.dataclass(slots=True)
+class _Staged:
+    """What a rank writes for a save: its tensors' layout, and everything but their bytes."""
+
+    flat: dict[str, Any]
+    sharded: dict[str, Any]
+    replicated: dict[str, Any]
+    tensors: list[tuple[str, tuple[int, ...], Any]]
+    layout: Layout
+
+
+def _what(state: dict[str, Any], rank: int) -> _Staged:
+    flat = flat_state(state)
+    sharded = {k: v for k, v in flat.items() if is_sharded(v)}
+    replicated = {k: v for k, v in flat.items() if not is_sharded(v)} if rank == 0 else {}
+    tensors = _tensors(sharded) + _tensors(replicated)
+    return _Staged(flat, sharded, replicated, tensors, Layout.of(tensors))
+
+
+def _job_of(
+    staged: _Staged,
+    model: nn.Module,
+    optimizers: list[str],
+    meta: dict[str, Any],
+    *,
+    save_id: str,
+    checkpoint_dir: str,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    segment_path: str | None,
+) -> WriteJob:
+    """The writer's job: DCP's plans of this rank's parts (cached per state structure), where
+    each tensor lies in the staging buffer, the objects' bytes, and on rank 0 the index."""
+    import torch
+
+    slots = {(s.fqn, s.chunk_offsets): s for s in staged.layout.slots}
+    plan, metadata = _plan(staged.sharded, _SAVER.plans, _plan_key(staged.sharded))
+    layouts = fmt.json_bytes(_layouts(staged.flat, rank))
+    rank_part = fmt.RANK_DIR_PATTERN.format(rank=rank)
+    parts = [Part(rank_part, plan, metadata, slots, {}, {fmt.LAYOUTS_FILE: layouts})]
+    index_bytes = None
+    if rank == 0:
+        rplan, rmeta = _plan(staged.replicated, _SAVER.plans, _plan_key(staged.replicated))
+        parts.append(Part(fmt.REPLICATED_DIR, rplan, rmeta, slots, _objects(staged.replicated)))
+        index = _build_index(model, staged.flat, world_size, optimizers, meta, save_id)
+        index_bytes = fmt.json_bytes(index.to_json())
+    return WriteJob(
+        save_id=save_id,
+        checkpoint_dir=checkpoint_dir,
+        rank=rank,
+        world_size=world_size,
+        segment_path=segment_path,
+        parts=parts,
+        index=index_bytes,
+        timeout=timeout,
+        job=_job(),
+        torch_version=str(torch.__version__),
+        faults=_faults.installed(),
+    )
+
+
+def _stage_and_submit(
+    handle: SaveHandle,
+    model: nn.Module,
+    state: dict[str, Any],
+    optimizers: list[str],
+    meta: dict[str, Any],
+    rank: int,
+    group: Group,
+) -> None:
+    _SAVER.setup(rank)
+    pool = _SAVER.pool
+    assert pool is not None
+    staged = _what(state, rank)
+    header: dict[str, Any] = {"job": _job(), "pid": os.getpid(), "ppid": os.getppid()}
+    writer = _SAVER.ensure_writer()
+    header["writer"] = writer.proc.pid if isinstance(writer, WriterProcess) else None
+    t = time.perf_counter()
+    segment = pool.acquire(staged.layout, handle.save_id, header)
+    writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
+    copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+    handle.stage_s = time.perf_counter() - t
+    handle.staged_bytes = staged.layout.data_bytes
+    job = _job_of(
+        staged,
+        model,
+        optimizers,
+        meta,
+        save_id=handle.save_id,
+        checkpoint_dir=handle.checkpoint_dir,
+        rank=rank,
+        world_size=group.world_size,
+        timeout=group.timeout,
+        segment_path=segment.path,
+    )
+    if pool.warning and not _SAVER.warned:
+        _SAVER.warned = True
+        warnings.warn(f"fastinit.checkpoint: {pool.warning}", stacklevel=4)
+    _faults.point("checkpoint.handoff", rank=rank)  # a trainer dying before save returned
+    writer.submit(job, segment)
+
+
+def write_rank_files(
+    checkpoint_dir: str | os.PathLike[str],
+    model: nn.Module,
+    optimizers: Mapping[str, Any] | None = None,
+    *,
+    save_id: str,
+    rank: int,
+    world_size: int,
+    metadata: Mapping[str, Any] | None = None,
+) -> Written:
+    """Write rank ``rank``'s part of save ``save_id`` here and now: no collective, no writer
+    process, no commit. For tools that build a checkpoint of N ranks one rank at a time (the
+    scale benchmark on the fake backend); :func:`fastinit.checkpoint.commit.commit` then makes
+    it visible. A training job calls :func:`save`."""
+    from fastinit.checkpoint.staging import Segment
+    from fastinit.checkpoint.writer import write_job
+
+    try:
+        path, meta = _check_input(checkpoint_dir, optimizers, metadata)
+    except _Refused as e:
+        raise fmt.CheckpointError(str(e)) from None
+    staged = _what(build_state(model, optimizers), rank)
+    segment = Segment.private(staged.layout.size)
+    try:
+        copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+        job = _job_of(
+            staged,
+            model,
+            list(optimizers or {}),
+            meta,
+            save_id=save_id,
+            checkpoint_dir=path,
+            rank=rank,
+            world_size=world_size,
+            timeout=knobs.get_collective_timeout(),
+            segment_path=None,
+        )
+        return write_job(job, segment)
+    finally:
+        segment.close()
+
+
+def prepare(
+    model: nn.Module, optimizers: Mapping[str, Any] | None = None, *, background: bool = True
+) -> threading.Thread | None:
+    """Allocate this rank's staging buffers and start its writer, ahead of the first save.
+
+    Sizes the buffers from the state as it is now (this rank's shards; on rank 0 also the
+    replicated values), so the first save copies into memory that is already there. Optimizer
+    state created later (a dense optimizer's, at its first step) grows the buffer at the save
+    that first holds it. No collective; call it on every rank, e.g. as a start-up stage.
+
+    Args:
+        model: the model.
+        optimizers: name -> optimizer, as for :func:`save`.
+        background: allocate on a thread (returned; join it or not); False: before returning.
+
+    Returns:
+        The allocating thread, or None with ``background=False``.
+    """
+    group = Group()
+    rank = group.rank
+    state = build_state(model, optimizers)
+    flat = flat_state(state)
+    tensors = _tensors({k: v for k, v in flat.items() if is_sharded(v)})
+    if rank == 0:
+        tensors += _tensors({k: v for k, v in flat.items() if not is_sharded(v)})
+    size = Layout.of(tensors).size
+    cuda = any(t.device.type == "cuda" for _, _, t in tensors)
+
+    def run() -> None:
+        _SAVER.setup(rank)
+        assert _SAVER.pool is not None
+        _SAVER.pool.reserve(size, pin=cuda)
+
+    if not background:
+        run()
+        return None
+    t = threading.Thread(target=run, name="fastinit-checkpoint-staging", daemon=True)
+    t.start()
+    return t
+
+
+def staging_info() -> dict[str, Any]:
+    """What this process holds for checkpoints: the writer kind and every staging buffer."""
+    pool = _SAVER.pool
+    return {
+        "writer": _SAVER.mode,
+        "buffers": [] if pool is None else pool.buffers(),
+        "allocated_s": 0.0 if pool is None else pool.allocated_s,
+        "allocated_bytes": 0 if pool is None else pool.allocated_bytes,
+    }

@@ -11,7 +11,7 @@
 No submodule is named like a public function (the batch code lives in ``batch``), so
 ``from fastinit.warmup import fast_batch`` is the function whatever was imported before.
 * :class:`CompileCache` — compiled artifacts kept across jobs (MegaCache file + Inductor dir).
-* :func:`resume_stage` — a DCP checkpoint load as a stage, overlapped with the data pipeline.
+* :func:`resume_stage` — a checkpoint load (:mod:`fastinit.checkpoint`) as a stage, beside the data pipeline.
 * :func:`prefetch_compiler` — the compile stack's one-off imports and probes, on a thread.
 """
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     )
     from fastinit.warmup.graph import GraphConfig, Stage, StageError, StageGraph
     from fastinit.warmup.prefetch import CompilerPrefetch, prefetch_compiler
-    from fastinit.warmup.resume import load_checkpoint, resume_stage, save_checkpoint
+    from fastinit.warmup.resume import resume_stage
     from fastinit.warmup.targets import CompileConfig, resolve_targets
     from fastinit.warmup.warmup import (
         StateSnapshot,
@@ -89,7 +89,7 @@ _EXPORTS: dict[str, str] = {
         ("CompileCacheConfig", "CacheRestore", "CompileCache", "module_fingerprint"),
         "compile_cache",
     ),
-    **dict.fromkeys(("save_checkpoint", "load_checkpoint", "resume_stage"), "resume"),
+    "resume_stage": "resume",
     **dict.fromkeys(("CompilerPrefetch", "prefetch_compiler"), "prefetch"),
 }
 
@@ -114,14 +114,12 @@ __all__ = [
     "compile_count",
     "compile_modules",
     "fast_batch",
-    "load_checkpoint",
     "module_fingerprint",
     "prefetch_compiler",
     "preserved_state",
     "check_batch",
     "resolve_targets",
     "resume_stage",
-    "save_checkpoint",
     "schema_from_batch",
     "schema_from_model",
     "set_thread_device",

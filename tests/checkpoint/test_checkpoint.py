@@ -47,7 +47,12 @@ PLAN_B = {
 }
 
 
-def _build(types: dict[str, str], seed: int, spec_kwargs: dict[str, Any] | None = None) -> Any:
+def _build(
+    types: dict[str, str],
+    seed: int,
+    spec_kwargs: dict[str, Any] | None = None,
+    fused: str = "rowwise",
+) -> Any:
     import torch
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -62,10 +67,13 @@ def _build(types: dict[str, str], seed: int, spec_kwargs: dict[str, Any] | None 
     spec = ModelSpec(**(spec_kwargs or SPEC))
     module = build_model(spec, device="meta", seed=seed)
     plan = build_plan(module, types, dist.get_world_size())
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+    kind = {"rowwise": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "adagrad": EmbOptimType.EXACT_ADAGRAD}[
+        fused
+    ]
+    params = {"optimizer": kind, "learning_rate": 0.05}
     sharders = [
-        EmbeddingBagCollectionSharder(fused_params=dict(fused)),
-        EmbeddingCollectionSharder(fused_params=dict(fused)),
+        EmbeddingBagCollectionSharder(fused_params=dict(params)),
+        EmbeddingCollectionSharder(fused_params=dict(params)),
     ]
     model = fastinit.setup(module, plan=plan, sharders=sharders, seed=seed)
     dense = KeyedOptimizerWrapper(
@@ -185,11 +193,13 @@ def _round_trip_rank(root: str) -> dict[str, Any]:
     out["fresh_differs"] = bool(_diff(reference, _local(fresh, fresh_opts)))
     with tracer.window() as loading:
         report = checkpoint.load(ck, fresh, fresh_opts)
-    out["load_c10d"] = loading["c10d_total"]
+    out["load_c10d"] = loading["c10d_ops"]
     out["load_store"] = loading["store_total"]
     out["mode"] = report.mode
     out["source_ranks"] = report.source_ranks
     out["bytes_read"] = report.bytes_read
+    out["memory_bytes"] = report.memory_bytes
+    out["tier"] = report.tier
     out["same_plan_diff"] = _diff(reference, _local(fresh, fresh_opts))
     out["step"] = checkpoint.read_index(ck).step
 
@@ -224,26 +234,30 @@ def test_round_trip_zero_collectives_replan_and_dcp_interop(tmp_path: Any) -> No
     results = run_ranks(_round_trip_rank, 2, args=(str(tmp_path),), trace=True, timeout=540)
     for rank, out in enumerate(results):
         assert out["committed"]
-        assert out["save_c10d"] == {"allreduce_": 1}, out["save_c10d"]
+        # the start message (all_gather), the commit exchange (all_gather) and the verdict
+        assert out["save_c10d"] == {"allgather_": 2, "broadcast_": 1}, out["save_c10d"]
         assert out["fresh_differs"], "the fresh model must differ, or the test proves nothing"
-        assert out["load_c10d"] == 0 and out["load_store"] == 0
+        assert out["load_c10d"] == {"allreduce_": 1} and out["load_store"] == 0  # the verdict
         assert out["mode"] == "same-plan"
         assert out["source_ranks"] == [rank]
-        assert out["bytes_read"] > 0
+        # the staging buffer of the save is still on this host: the host-memory tier
+        assert out["memory_bytes"] > 0 and out["bytes_read"] == 0 and out["tier"] == "memory"
         assert out["same_plan_diff"] == []
         assert out["step"] == 7
         assert out["dcp_mode"] == "dcp" and out["dcp_diff"] == []
         assert out["consolidated_diff"] == []
         assert out.get("cli", 0) == 0
         assert out["after_consolidate_mode"] == "same-plan"
-        assert "already holds a committed checkpoint" in out["overwrite"], out["overwrite"]
+        assert "already holds a committed fastinit checkpoint" in out["overwrite"], out["overwrite"]
         assert out["still_loads"] == "same-plan"
         replan = out["replan"]
-        assert replan["mode"] == "resharded" and replan["c10d"] == 0
+        assert replan["mode"] == "resharded" and replan["c10d"] == {"allreduce_": 1}
         assert replan["diff"] == [], replan["diff"]
         assert replan["changed"]
         assert replan["overlap_ranks"] == replan["sources"], replan
-    index = json.loads((tmp_path / "ck" / "fastinit-index.json").read_text())
+    from fastinit.checkpoint import read_index
+
+    index = read_index(str(tmp_path / "ck")).to_json()
     assert index["world_size"] == 2 and index["metadata"]["who"] == "test"
     assert index["plan"] and index["plan_sha256"]
 
@@ -284,7 +298,7 @@ def _reshard_rank(
     _stock_load(f"{root}/{stock or tag + '-stock'}", theirs, theirs_opts)
     return {
         "mode": report.mode,
-        "c10d": counts["c10d_total"],
+        "c10d": counts["c10d_ops"],
         "diff": _diff(_local(ours, ours_opts), _local(theirs, theirs_opts)),
         "changed": bool(_diff(_local(ours, ours_opts), before)),
         "sources": report.source_ranks,
@@ -301,7 +315,7 @@ def test_reshard_4_to_2_replanned_matches_dcp(tmp_path: Any) -> None:
     results = run_ranks(_reshard_rank, 2, args=(root, PLAN_B, "a4"), trace=True, timeout=560)
     for out in results:
         assert out["mode"] == "resharded"
-        assert out["c10d"] == 0
+        assert out["c10d"] == {"allreduce_": 1}
         assert out["diff"] == [], out["diff"]
         assert out["changed"]
 
@@ -396,7 +410,7 @@ def test_reshard_4_to_8_and_8_to_4_every_type_matches_dcp(tmp_path: Any) -> None
     )
     for out in up + down:
         assert out["mode"] == "resharded"
-        assert out["c10d"] == 0
+        assert out["c10d"] == {"allreduce_": 1}
         assert out["diff"] == [], out["diff"]
         assert out["changed"]
         assert out["overlap_ranks"] == out["sources"], out
@@ -405,29 +419,15 @@ def test_reshard_4_to_8_and_8_to_4_every_type_matches_dcp(tmp_path: Any) -> None
 # -- bad input -------------------------------------------------------------------------------------
 
 
-class _FullDisk:
-    """A FileSystemWriter whose data writes fail with ENOSPC (a full disk)."""
-
-    def __new__(cls, path: str) -> Any:
-        import errno
-
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        class Writer(FileSystemWriter):
-            def write_data(self, plan: Any, planner: Any) -> Any:
-                raise OSError(errno.ENOSPC, "No space left on device (simulated)")
-
-        return Writer(path)
-
-
 def _bad_inputs_rank(root: str) -> dict[str, Any]:
+    import errno
     import shutil
 
     import torch.distributed as dist
 
-    from fastinit import checkpoint
+    from fastinit import checkpoint, knobs
     from fastinit.checkpoint import format as fmt
-    from fastinit.checkpoint import saving
+    from fastinit.testing.faults import inject
 
     rank = dist.get_rank()
     out: dict[str, Any] = {}
@@ -445,7 +445,9 @@ def _bad_inputs_rank(root: str) -> dict[str, Any]:
     target, target_opts = _build(PLAN_A, seed=9)  # failed loads fail before reading data
 
     def fresh_load(path: str) -> str:
-        return _error_of(lambda: checkpoint.load(path, target, target_opts))
+        # from storage: this process still holds the save's staging buffers (the memory tier)
+        with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+            return _error_of(lambda: checkpoint.load(path, target, target_opts))
 
     # A torn checkpoint: every file but the commit marker.
     torn = copy("torn")
@@ -484,25 +486,26 @@ def _bad_inputs_rank(root: str) -> dict[str, Any]:
     # An index whose plan does not fit the files: shard offsets moved, marker re-signed.
     lying = copy("lying")
     if rank == 0:
-        path = os.path.join(lying, fmt.INDEX_FILE)
+        from fastinit.checkpoint.digest import digest
+
+        commit = fmt.read_commit(lying)
+        path = os.path.join(lying, commit.data_dir, fmt.INDEX_FILE)
         with open(path) as f:
             index = json.load(f)
         # t0 (table-wise on rank 0) said to be on rank 1; PLAN_B splits t0 over both ranks.
         index["sharded"]["model.sparse.ebc.embedding_bags.t0.weight"][0][4] = 1
-        digest = fmt.write_index(lying, fmt.Index.from_json(index, path))
-        fmt.commit(lying, digest, 2)
+        data = fmt.write_json_atomic(path, index)
+        commit.index_digest = digest(data)
+        fmt.write_json_atomic(os.path.join(lying, fmt.COMMIT_FILE), commit.to_json())
     dist.barrier()
     m, o = _build(PLAN_B, seed=9)  # another plan: the load must use the (lying) layout
-    out["lying"] = _error_of(lambda: checkpoint.load(lying, m, o))
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        out["lying"] = _error_of(lambda: checkpoint.load(lying, m, o))
 
     # A full disk on rank 1 during save: every rank raises, nothing commits, `good` intact.
     full = f"{root}/full"
-    if rank == 1:
-        saving.WRITER = _FullDisk
-    try:
+    with inject("checkpoint.write", "oserror", ranks=[1]):
         out["full_disk"] = _error_of(lambda: checkpoint.save(full, model, opts).wait())
-    finally:
-        saving.WRITER = saving._writer
     out["full_committed"] = fmt.is_committed(full)
     out["good_after_full"] = fresh_load(good)
 
@@ -522,32 +525,16 @@ def _bad_inputs_rank(root: str) -> dict[str, Any]:
         os.makedirs(os.path.dirname(ro_new))
         os.chmod(os.path.dirname(ro_new), 0o555)
     dist.barrier()
-    if os.geteuid() == 0:  # root writes anyway: simulate the refusal with a failing writer
-        saving.WRITER = _ReadOnly
-    try:
+    if os.geteuid() == 0:  # root writes anyway: simulate the refusal at the writes
+        with inject("checkpoint.write", "oserror", errno=errno.EROFS):
+            out["ro_save"] = _error_of(lambda: checkpoint.save(ro_new, model, opts, blocking=True))
+    else:
         out["ro_save"] = _error_of(lambda: checkpoint.save(ro_new, model, opts, blocking=True))
-    finally:
-        saving.WRITER = saving._writer
     dist.barrier()
     if rank == 0:
         for d, _, _ in os.walk(root):
             os.chmod(d, 0o755)
     return out
-
-
-class _ReadOnly:
-    """A FileSystemWriter on a read-only file system (for a test run as root)."""
-
-    def __new__(cls, path: str) -> Any:
-        import errno
-
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        class Writer(FileSystemWriter):
-            def write_data(self, plan: Any, planner: Any) -> Any:
-                raise OSError(errno.EROFS, "Read-only file system (simulated)", path)
-
-        return Writer(path)
 
 
 @pytest.mark.timeout(600)
@@ -557,14 +544,15 @@ def test_bad_inputs_fail_clearly_on_every_rank(tmp_path: Any) -> None:
         assert "CheckpointError" in out["torn"] and "fastinit-commit.json" in out["torn"]
         assert "another model" in out["other_model"]
         assert "sparse.ebc.embedding_bags.t0.weight" in out["other_model"], out["other_model"]
-        # Damaged files of rank 1: same-plan ranks read their own files; rank 1 sees them.
+        # Damaged files of rank 1: rank 1 reads them and names them; every rank raises.
         if rank == 1:
             assert "CheckpointError" in out["missing"] and "missing" in out["missing"]
             assert "truncated" in out["truncated"], out["truncated"]
             assert "CheckpointError" in out["badmeta"] and ".metadata" in out["badmeta"]
             assert "rank_00001" in out["badmeta"], out["badmeta"]
         else:
-            assert out["missing"] == out["truncated"] == out["badmeta"] == "no error"
+            for key in ("missing", "truncated", "badmeta"):
+                assert "failed on rank 1" in out[key], out[key]
         assert "does not fit the files" in out["lying"], out["lying"]
         assert "CheckpointError" in out["full_disk"] and "nothing was committed" in out["full_disk"]
         assert not out["full_committed"]
@@ -572,4 +560,4 @@ def test_bad_inputs_fail_clearly_on_every_rank(tmp_path: Any) -> None:
         assert out["ro_load"] == "no error" and out["ro_unchanged"]
         assert "CheckpointError" in out["ro_save"], out["ro_save"]
     assert "No space left" in results[1]["full_disk"]
-    assert "another rank" in results[0]["full_disk"]
+    assert "failed on rank(s) 1" in results[0]["full_disk"], results[0]["full_disk"]

@@ -94,13 +94,18 @@ def test_shards_of_rank_and_overlaps_are_not_linear_in_world_size() -> None:
     assert mine.offsets == (block * 4097, 0)
 
 
-def test_index_round_trips_and_rejects_torn_and_tampered(tmp_path: Any) -> None:
+def test_index_round_trips_and_rejects_torn_tampered_and_taken(tmp_path: Any) -> None:
+    import os
+
+    from fastinit.checkpoint import commit as commits
     from fastinit.checkpoint import format as fmt
+    from fastinit.checkpoint.digest import digest
 
     entries = [
         fmt.TensorEntry("model.a", (4, 2), "float32"),
         fmt.TensorEntry("model.b", None, None),
     ]
+    save_id = "ab" * 16
     index = fmt.Index(
         world_size=4,
         rank_dir_pattern=fmt.RANK_DIR_PATTERN,
@@ -113,20 +118,33 @@ def test_index_round_trips_and_rejects_torn_and_tampered(tmp_path: Any) -> None:
         plan_sha256="x",
         step=3,
         metadata={"k": [1, 2]},
+        save_id=save_id,
     )
     d = str(tmp_path)
-    digest = fmt.write_index(d, index)
+    os.makedirs(os.path.join(d, index.data_dir))
+    path = os.path.join(d, index.data_dir, fmt.INDEX_FILE)
+    data = fmt.write_json_atomic(path, index.to_json())
     with pytest.raises(fmt.CheckpointError, match="no fastinit-commit.json"):
         fmt.read_index(d)
-    fmt.commit(d, digest, 4)
+    marker = os.path.join(d, fmt.COMMIT_FILE)
+    open(marker, "w").close()  # an empty marker: incomplete, never committed
+    with pytest.raises(fmt.CheckpointError, match="is empty"):
+        fmt.read_index(d)
+    os.remove(marker)
+    kwargs = {"manifests": ["0" * 32] * 4, "replicated": "1" * 32, "torch_version": "t", "job": "j"}
+    commits.commit(d, save_id, index_digest=digest(data), **kwargs)
+    commits.commit(d, save_id, index_digest=digest(data), **kwargs)  # the same save: idempotent
+    with pytest.raises(commits.Taken, match="committed by another save"):
+        commits.commit(d, "cd" * 16, index_digest=digest(data), **kwargs)
     back = fmt.read_index(d)
     assert back.to_json() == index.to_json() and back.plan == index.plan
     assert [r.rank_at(1) for r in back.runs("model.a")] == [1]
-    path = tmp_path / fmt.INDEX_FILE
-    obj = json.loads(path.read_text())
+    with open(path) as f:
+        obj = json.load(f)
     obj["world_size"] = 8
-    path.write_text(json.dumps(obj))
-    with pytest.raises(fmt.CheckpointError, match="does not name this index"):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    with pytest.raises(fmt.CheckpointError, match="does not match the digest the commit recorded"):
         fmt.read_index(d)
     other = [fmt.TensorEntry("model.a", (4, 3), "float32"), entries[1]]
     msg = fmt.first_mismatch(entries, other)

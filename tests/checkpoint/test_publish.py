@@ -50,9 +50,8 @@ def _save_rank(ckpt_dir: str) -> bool:
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     import fastinit
-    from fastinit.checkpoint import record_verification
+    from fastinit.checkpoint import record_verification, save
     from fastinit.testing.models import ModelSpec, build_model, build_plan, make_batch
-    from fastinit.warmup import save_checkpoint
 
     rank = dist.get_rank()
     spec = ModelSpec(**SPEC)
@@ -78,7 +77,7 @@ def _save_rank(ckpt_dir: str) -> bool:
     loss, _ = model(make_batch(spec, 16, seed=10 + rank))
     loss.backward()
     optimizer.step()
-    save_checkpoint(ckpt_dir, model, {"optim": optimizer})
+    save(ckpt_dir, model, {"optim": optimizer}, blocking=True)
     batch = make_batch(spec, 8, seed=100 + rank)
     with torch.no_grad():
         output = model(batch)
@@ -93,8 +92,8 @@ def _train_on_rank(root: str, stop_file: str) -> int:
     import torch.distributed as dist
 
     import fastinit
+    from fastinit.checkpoint import save
     from fastinit.testing.models import ModelSpec, build_model, build_plan, make_batch
-    from fastinit.warmup import save_checkpoint
 
     rank = dist.get_rank()
     spec = ModelSpec(**SPEC)
@@ -106,7 +105,7 @@ def _train_on_rank(root: str, stop_file: str) -> int:
         step += 1
         loss, _ = model(make_batch(spec, 16, seed=1000 * step + rank))
         loss.backward()
-        save_checkpoint(os.path.join(root, f"job-step-{step}"), model)
+        save(os.path.join(root, f"job-step-{step}"), model, blocking=True)
         if rank == 0 and step == 1:
             pathlib.Path(root, "job-running").touch()
         stop = torch.tensor([int(rank == 0 and os.path.exists(stop_file))])
@@ -282,16 +281,15 @@ def _save_reordered_rank(ckpt_dir: str) -> list[str]:
     import torch.distributed as dist
 
     import fastinit
-    from fastinit.checkpoint import record_verification
+    from fastinit.checkpoint import record_verification, save
     from fastinit.testing.models import ModelSpec, build_model, build_plan, make_batch
-    from fastinit.warmup import save_checkpoint
 
     rank = dist.get_rank()
     spec = ModelSpec(**REORDER_SPEC)
     module = build_model(spec, device="meta")
     plan = build_plan(module, "table_wise", dist.get_world_size())
     model = fastinit.setup(module, plan=plan, seed=0)
-    save_checkpoint(ckpt_dir, model)
+    save(ckpt_dir, model, blocking=True)
     batch = make_batch(spec, 8, seed=100 + rank)
     with torch.no_grad():
         keys = list(model.module.sparse.ebc(batch.sparse).keys())

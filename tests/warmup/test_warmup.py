@@ -339,7 +339,6 @@ def _warmup_rank(ckpt_dir: str) -> dict[str, Any]:
         compile_count,
         fast_batch,
         resume_stage,
-        save_checkpoint,
         schema_from_batch,
         schema_from_model,
         warm_up,
@@ -392,7 +391,9 @@ def _warmup_rank(ckpt_dir: str) -> dict[str, Any]:
     out["fused_changed"] = [k for k in _same(after, trained) if "sparse" in k or "momentum" in k]
 
     # Resume: save, then load into a fresh model while the "data pipeline" starts.
-    save_checkpoint(ckpt_dir, model, {"optim": model.fused_optimizer})
+    from fastinit import checkpoint
+
+    checkpoint.save(ckpt_dir, model, {"optim": model.fused_optimizer}, blocking=True)
     reference = _state_tensors(model, [model.fused_optimizer])
     graph = StageGraph()
     graph.add("train_module_creation", lambda: _build(seed=1)[0], collective=True)

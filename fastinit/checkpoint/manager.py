@@ -1,0 +1,214 @@
+"""``CheckpointManager``: the step directories, the latest checkpoint, retention.
+
+Every training job writes one: save every N steps into ``root/step-<N>``, find the newest
+committed checkpoint at start, keep the last few. This one keeps the checkpoint's promises:
+
+* :meth:`~CheckpointManager.latest` is the newest *committed* step (a marker that parses and
+  names its save); a torn or in-flight save is never "latest".
+* Retention runs on rank 0 only after a newer checkpoint has committed, deletes committed
+  checkpoints beyond ``keep`` (oldest first) and the leftovers of saves that never committed and
+  are older than every kept one; it never deletes the newest committed checkpoint.
+* :meth:`~CheckpointManager.save` of a step whose directory already holds a committed
+  checkpoint (a restarted job reaching a step its previous attempt already saved) keeps that
+  checkpoint and returns None, with a warning, on every rank alike.
+* :meth:`~CheckpointManager.load_latest` falls back to the previous committed checkpoint when
+  the newest fails to load (every rank agrees on each attempt), with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fastinit.checkpoint import format as fmt
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from fastinit.checkpoint.loading import LoadReport
+    from fastinit.checkpoint.saving import SaveHandle
+
+__all__ = ["CheckpointManager"]
+
+
+class CheckpointManager:
+    """Checkpoints of one job under ``root``: ``root/<prefix><step>``.
+
+    Args:
+        root: the directory holding the job's checkpoints (shared by the ranks).
+        keep: how many committed checkpoints to keep (the newest; at least 1).
+        prefix: the step directories' name prefix.
+
+    Example::
+
+        manager = CheckpointManager("/ckpt/job", keep=2)
+        start = manager.load_latest(model, {"optim": model.fused_optimizer})  # None: fresh
+        for step in range(first, steps + 1):
+            train_step()
+            if step % 100 == 0:
+                manager.save(step, model, {"optim": model.fused_optimizer})
+        manager.close()
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, keep: int = 2, prefix: str = "step-"
+    ) -> None:
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        if not prefix or os.sep in prefix:
+            raise ValueError(f"prefix must be a non-empty name, got {prefix!r}")
+        self.root = os.fspath(root)
+        self.keep = keep
+        self.prefix = prefix
+        self._pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+        self._pending: SaveHandle | None = None
+        #: The step :meth:`load_latest` loaded (None before, or if nothing was loaded).
+        self.loaded_step: int | None = None
+
+    def path(self, step: int) -> str:
+        """The directory of step ``step``'s checkpoint."""
+        return os.path.join(self.root, f"{self.prefix}{int(step)}")
+
+    def _steps(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for name in names:
+            m = self._pattern.match(name)
+            if m:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def committed(self) -> list[int]:
+        """The steps whose checkpoints are committed, oldest first."""
+        out = []
+        for step in self._steps():
+            with contextlib.suppress(fmt.CheckpointError):
+                fmt.read_commit(self.path(step))
+                out.append(step)
+        return out
+
+    def latest(self) -> tuple[int, str] | None:
+        """``(step, directory)`` of the newest committed checkpoint, or None."""
+        steps = self.committed()
+        return (steps[-1], self.path(steps[-1])) if steps else None
+
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizers: Mapping[str, Any] | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        blocking: bool = False,
+    ) -> SaveHandle | None:
+        """Save step ``step`` (on every rank); the previous save is finished first.
+
+        Returns:
+            The save's handle, or None when ``step`` already has a committed checkpoint (kept
+            as it is).
+        """
+        from fastinit.checkpoint.saving import save
+
+        self.wait()
+        path = self.path(step)
+        if fmt.is_committed(path):
+            warnings.warn(
+                f"fastinit.checkpoint: {path} already holds a committed checkpoint (an earlier "
+                "attempt of this job saved this step); it is kept and this save is skipped",
+                stacklevel=2,
+            )
+            return None
+        meta = {**dict(metadata or {}), "step": int(step)}
+        handle = save(path, model, optimizers, metadata=meta, blocking=blocking)
+        self._pending = handle
+        if blocking:
+            self._settled()
+        return handle
+
+    def wait(self) -> None:
+        """Finish the save in flight (its verdict on every rank), then apply retention."""
+        handle, self._pending = self._pending, None
+        if handle is None:
+            return
+        handle.wait()
+        self._settled()
+
+    def _settled(self) -> None:
+        self._pending = None
+        if _rank() == 0:
+            self.prune()
+
+    def prune(self) -> list[str]:
+        """Delete committed checkpoints beyond ``keep`` and never-committed leftovers older
+        than every kept checkpoint; the newest committed one is always kept. Returns the
+        directories removed. Called on rank 0 after each commit."""
+        committed = self.committed()
+        kept = committed[-self.keep :]
+        if not kept:
+            return []
+        removed = []
+        done = set(committed)
+        for step in self._steps():
+            if step in kept or (step not in done and step > kept[0]):
+                continue  # kept, or a save newer than every kept one (maybe in flight)
+            path = self.path(step)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
+
+    def load_latest(
+        self,
+        model: nn.Module,
+        optimizers: Mapping[str, Any] | None = None,
+        *,
+        strict: bool = False,
+    ) -> LoadReport | None:
+        """Load the newest committed checkpoint that loads (every rank alike); None if none.
+
+        The step loaded is :attr:`loaded_step`. A newest checkpoint that fails to load (on any
+        rank: the verdict is every rank's) is skipped for the one before it, with a warning.
+        """
+        from fastinit.checkpoint.loading import load
+
+        steps = self.committed()
+        errors = []
+        for step in reversed(steps):
+            try:
+                report = load(self.path(step), model, optimizers, strict=strict)
+            except fmt.CheckpointError as e:
+                errors.append(f"step {step}: {e}")
+                warnings.warn(
+                    f"fastinit.checkpoint: the checkpoint of step {step} did not load ({e}); "
+                    "trying the one before it",
+                    stacklevel=2,
+                )
+                continue
+            self.loaded_step = step
+            return report
+        if errors:
+            raise fmt.CheckpointError(
+                f"no checkpoint under {self.root} loads: " + " | ".join(errors[:3])
+            )
+        return None
+
+    def close(self) -> None:
+        """Finish the save in flight and release this process's staging buffers (the job
+        ended cleanly)."""
+        from fastinit.checkpoint.saving import close
+
+        self.wait()
+        close()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -1,0 +1,477 @@
+"""Staging buffers: the one copy a save costs the training loop, into memory allocated once.
+
+A save copies this rank's tensors (its shards; on rank 0 also the replicated values) into a
+staging buffer and hands it to the writer. A buffer is a file in ``/dev/shm`` (owner-only,
+``0o600``), allocated once with ``posix_fallocate`` (a full ``/dev/shm`` fails there, never later
+with a ``SIGBUS``) and mapped with ``MAP_POPULATE``, so every later save copies into memory that
+is already there: no page faults, no allocation, no zeroing (a fresh allocation costs 10-100x
+the copy). Being a file, the writer process maps the same pages, and after a failure a worker
+restarted on the same host maps them again (the host-memory tier). On CUDA the buffer is also
+page-locked (``cudaHostRegister``) so the device-to-host copy runs at full speed.
+
+Buffers are named by the save they hold: ``fastinit-ckpt.<uid>.<save id>.r<rank>``. A
+:class:`Pool` per process keeps at most two: the latest committed save's (the tier) and the one
+being written; a new save takes a buffer that holds neither and renames it. The first 4 KiB of
+a buffer is a JSON header (who made it: job, rank, save, pids), the tensors follow at 64-byte
+aligned offsets (:class:`Layout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import mmap
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fastinit import _faults
+
+__all__ = ["Segment", "Layout", "Slot", "Pool", "segment_name", "shm_dir", "HEADER_BYTES"]
+
+PREFIX = "fastinit-ckpt"
+HEADER_BYTES = 4096
+_ALIGN = 64
+_ROUND = 1 << 20
+
+
+def shm_dir() -> str | None:
+    """``/dev/shm`` when it is a writable directory, else None (no shared staging)."""
+    path = "/dev/shm"
+    return path if os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK) else None
+
+
+def segment_name(save_id: str, rank: int) -> str:
+    """The file name of rank ``rank``'s staging buffer of save ``save_id``."""
+    return f"{PREFIX}.{os.getuid()}.{save_id}.r{rank}"
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Slot:
+    """Where one tensor lies in a buffer."""
+
+    fqn: str
+    chunk_offsets: tuple[int, ...]
+    dtype: str
+    """``str(torch.dtype)`` without ``torch.``."""
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """The slots of a buffer: every tensor a save stages, in order, 64-byte aligned."""
+
+    slots: tuple[Slot, ...]
+    size: int
+    """Bytes needed, header included."""
+
+    @classmethod
+    def of(cls, tensors: Iterable[tuple[str, tuple[int, ...], Any]]) -> Layout:
+        """The layout of ``(fqn, chunk offsets, tensor)`` triples."""
+        slots = []
+        offset = HEADER_BYTES
+        for fqn, offs, t in tensors:
+            nbytes = t.numel() * t.element_size()
+            slots.append(
+                Slot(
+                    fqn,
+                    tuple(offs),
+                    str(t.dtype).removeprefix("torch."),
+                    tuple(t.shape),
+                    nbytes,
+                    offset,
+                )
+            )
+            offset += _round_up(max(nbytes, 1), _ALIGN)
+        return cls(tuple(slots), offset)
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(s.nbytes for s in self.slots)
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return dtype
+
+
+class Segment:
+    """A staging buffer: a shared-memory file mapped into this process (or private memory)."""
+
+    def __init__(self, path: str | None, mm: mmap.mmap, size: int, fd: int | None) -> None:
+        self.path = path
+        self.mm = mm
+        self.size = size
+        self._fd = fd
+        self._pinned = False
+        self._base: Any = None
+
+    # -- making and opening -----------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: str, name: str, size: int) -> Segment:
+        """A new owner-only buffer of ``size`` bytes, allocated and mapped (pages present).
+
+        Raises:
+            OSError: the file exists, or the memory is not there (``ENOSPC``: a full
+                ``/dev/shm``).
+        """
+        path = os.path.join(directory, name)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            _faults.point("checkpoint.shm_alloc")
+            os.posix_fallocate(fd, 0, size)
+            populate = getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        return cls(path, mm, size, fd)
+
+    @classmethod
+    def private(cls, size: int) -> Segment:
+        """A buffer in this process's own memory (when no shared memory is available)."""
+        populate = getattr(mmap, "MAP_POPULATE", 0)
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        return cls(None, mm, size, None)
+
+    @classmethod
+    def open(cls, path: str, *, writable: bool = False) -> Segment:
+        """Map an existing buffer; only a regular file owned by this user that no one else can
+        write or read (a buffer of another user, or one made readable, is never opened).
+
+        With ``writable=False`` the mapping is copy-on-write: reading shares the pages.
+
+        Raises:
+            OSError: missing, not a regular file, a symlink, or not owner-only.
+        """
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{path} is not a regular file")
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise PermissionError(
+                    f"{path} is owned by uid {st.st_uid} with mode {oct(st.st_mode & 0o777)}: "
+                    "not an owner-only buffer of this user"
+                )
+            if st.st_size < HEADER_BYTES:
+                raise OSError(f"{path} is too short to be a staging buffer")
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
+            mm = mmap.mmap(fd, st.st_size, access=access)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, mm, st.st_size, fd)
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Segment:
+        """Map a buffer passed as an open file descriptor (the writer's side; read-only,
+        pages populated). Takes ownership of ``fd``."""
+        try:
+            size = os.fstat(fd).st_size
+            populate = getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(None, mm, size, fd)
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError("a private buffer has no file")
+        return self._fd
+
+    # -- the header ---------------------------------------------------------------------------
+
+    def write_header(self, header: dict[str, Any]) -> None:
+        data = json.dumps(header, sort_keys=True).encode()
+        if len(data) > HEADER_BYTES - 1:
+            raise ValueError("staging header too large")
+        self.mm[:HEADER_BYTES] = data.ljust(HEADER_BYTES, b" ")
+
+    def read_header(self) -> dict[str, Any]:
+        raw = bytes(self.mm[:HEADER_BYTES]).strip()
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return {}
+        return obj if isinstance(obj, dict) else {}
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def bytes_at(self, offset: int, nbytes: int) -> memoryview:
+        if offset < HEADER_BYTES or offset + nbytes > self.size:
+            raise ValueError(f"a range [{offset}, {offset + nbytes}) outside the buffer")
+        return memoryview(self.mm)[offset : offset + nbytes]
+
+    def tensor(self, offset: int, nbytes: int, dtype: str, shape: Sequence[int]) -> Any:
+        """A tensor viewing ``nbytes`` at ``offset`` (its storage is exactly those bytes)."""
+        import torch
+
+        if offset < HEADER_BYTES or offset + nbytes > self.size:
+            raise ValueError(f"a range [{offset}, {offset + nbytes}) outside the buffer")
+        if nbytes == 0:
+            return torch.empty(tuple(shape), dtype=_dtype(dtype))
+        t = torch.frombuffer(self.mm, dtype=torch.uint8, count=nbytes, offset=offset)
+        return t.view(_dtype(dtype)).view(tuple(shape))
+
+    def slot(self, slot: Slot) -> Any:
+        return self.tensor(slot.offset, slot.nbytes, slot.dtype, slot.shape)
+
+    def pin(self) -> None:
+        """Page-lock the buffer for CUDA copies (once; a no-op without CUDA)."""
+        import torch
+
+        if self._pinned or not torch.cuda.is_available():
+            return
+        base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        err = torch.cuda.cudart().cudaHostRegister(base.data_ptr(), self.size, 0)
+        if int(getattr(err, "value", err)) == 0:
+            self._pinned = True
+            self._base = base
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def rename(self, directory: str, name: str) -> None:
+        if self.path is None:
+            return
+        new = os.path.join(directory, name)
+        os.rename(self.path, new)
+        self.path = new
+
+    def close(self) -> None:
+        if self._pinned:
+            import torch
+
+            with contextlib.suppress(Exception):
+                torch.cuda.cudart().cudaHostUnregister(self._base.data_ptr())
+            self._pinned = False
+        self._base = None
+        with contextlib.suppress(BufferError, ValueError):
+            self.mm.close()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def unlink(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def copy_in(segment: Segment, layout: Layout, tensors: Sequence[Any]) -> None:
+    """Copy ``tensors`` (in ``layout``'s order) into their slots of ``segment``."""
+    import torch
+
+    cuda = False
+    with torch.no_grad():
+        for slot, t in zip(layout.slots, tensors, strict=True):
+            if slot.nbytes == 0:
+                continue
+            src = t.detach()
+            on_cuda = src.device.type == "cuda"
+            if on_cuda and not cuda:
+                segment.pin()
+                cuda = True
+            segment.slot(slot).copy_(src, non_blocking=on_cuda)
+    if cuda:
+        torch.cuda.synchronize()
+
+
+# -- the pool of one process's buffers ---------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    segment: Segment
+    state: str
+    """``free``, ``writing`` (a save in flight) or ``tier`` (the latest committed save)."""
+    save_id: str | None = None
+
+
+class Pool:
+    """This process's staging buffers: allocated once, reused by every save.
+
+    Args:
+        rank: this process's rank (names the buffers).
+        keep_tier: keep the latest committed save's buffer (the host-memory tier) and stage the
+            next save into another one; False: one buffer, released of its save once committed.
+        tier_limit: the largest buffer kept as the tier, in bytes (None: no limit).
+        shared: buffers in /dev/shm (another process can map them); False: this process's
+            own memory.
+        reuse: keep buffers for the next save; False: free each once its save is settled.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        *,
+        keep_tier: bool,
+        tier_limit: int | None = None,
+        shared: bool = True,
+        reuse: bool = True,
+    ) -> None:
+        self.rank = rank
+        self.keep_tier = keep_tier
+        self.tier_limit = tier_limit
+        self.reuse = reuse
+        self.directory = shm_dir() if shared else None
+        self.shared = self.directory is not None
+        self._entries: list[_Entry] = []
+        self._lock = threading.Lock()
+        self.allocated_s = 0.0
+        self.allocated_bytes = 0
+        self.warning: str | None = None
+
+    @property
+    def max_buffers(self) -> int:
+        return 2 if self.keep_tier else 1
+
+    def _new(self, size: int, name: str) -> Segment:
+        t0 = time.perf_counter()
+        size = _round_up(size, _ROUND)
+        seg: Segment | None = None
+        if self.shared:
+            assert self.directory is not None
+            try:
+                seg = Segment.create(self.directory, name, size)
+            except OSError as e:
+                self.shared = False
+                self.warning = (
+                    f"no shared memory for checkpoint staging ({e}): staging in this process's "
+                    "memory, written by a thread of the trainer, with no host-memory tier"
+                )
+        if seg is None:
+            seg = Segment.private(size)
+        self.allocated_s += time.perf_counter() - t0
+        self.allocated_bytes += size
+        return seg
+
+    def reserve(self, size: int, count: int | None = None, *, pin: bool = False) -> None:
+        """Allocate free buffers of at least ``size`` bytes up to ``count`` (default: what a
+        save and the tier need), ahead of the first save; ``pin``: page-lock them for CUDA
+        copies too (``cudaHostRegister`` of a large buffer takes time: not at the first save)."""
+        want = self.max_buffers if count is None else count
+        while True:
+            with self._lock:
+                fitting = [e for e in self._entries if e.state == "free" and e.segment.size >= size]
+                if len(self._entries) >= self.max_buffers or len(fitting) >= want:
+                    segments = [e.segment for e in fitting]
+                    break
+            seg = self._new(
+                size,
+                f"{PREFIX}.{os.getuid()}.free-{os.getpid()}-{os.urandom(4).hex()}.r{self.rank}",
+            )
+            with self._lock:
+                self._entries.append(_Entry(seg, "free"))
+        if pin:
+            for segment in segments:
+                segment.pin()
+
+    def acquire(self, layout: Layout, save_id: str, header: dict[str, Any]) -> Segment:
+        """A buffer for save ``save_id`` (renamed to its name, header written).
+
+        Raises:
+            RuntimeError: every buffer is in use (a save in flight and the tier): wait for the
+                save in flight first.
+        """
+        with self._lock:
+            free = [e for e in self._entries if e.state == "free"]
+            fitting = [e for e in free if e.segment.size >= layout.size]
+            entry = min(fitting, key=lambda e: e.segment.size) if fitting else None
+            if entry is None and len(self._entries) >= self.max_buffers:
+                if not free:
+                    raise RuntimeError("every staging buffer is in use")
+                # the layout grew (optimizer state created since): replace a free buffer
+                victim = free[0]
+                self._entries.remove(victim)
+                victim.segment.close()
+                victim.segment.unlink()
+            if entry is not None:
+                entry.state, entry.save_id = "writing", save_id
+        if entry is None:
+            seg = self._new(layout.size, segment_name(save_id, self.rank))
+            entry = _Entry(seg, "writing", save_id)
+            with self._lock:
+                self._entries.append(entry)
+        elif self.shared and entry.segment.path is not None:
+            assert self.directory is not None
+            entry.segment.rename(self.directory, segment_name(save_id, self.rank))
+        entry.segment.write_header({**header, "save_id": save_id, "rank": self.rank})
+        return entry.segment
+
+    def settle(self, save_id: str, committed: bool) -> None:
+        """The verdict of save ``save_id``: its buffer becomes the tier or free again."""
+        with self._lock:
+            mine = [e for e in self._entries if e.save_id == save_id]
+            if not mine:
+                return
+            entry = mine[0]
+            keep = (
+                committed
+                and self.keep_tier
+                and self.shared
+                and (self.tier_limit is None or entry.segment.size <= self.tier_limit)
+            )
+            if keep:
+                for e in self._entries:
+                    if e.state == "tier":
+                        e.state = "free"
+                entry.state = "tier"
+            else:
+                entry.state = "free"
+            drop = [] if self.reuse else [e for e in self._entries if e.state == "free"]
+            for e in drop:
+                self._entries.remove(e)
+        for e in drop:
+            e.segment.close()
+            e.segment.unlink()
+
+    def adopt(self, segment: Segment, save_id: str, *, tier: bool) -> None:
+        """Take over a buffer an earlier process of this rank left (a restart on this host)."""
+        with self._lock:
+            if len(self._entries) >= self.max_buffers:
+                segment.close()
+                segment.unlink()  # a predecessor's buffer this process has no room for
+                return
+            if tier:
+                for e in self._entries:
+                    if e.state == "tier":
+                        e.state = "free"
+            self._entries.append(_Entry(segment, "tier" if tier else "free", save_id))
+
+    def busy(self) -> bool:
+        with self._lock:
+            return any(e.state == "writing" for e in self._entries)
+
+    def buffers(self) -> list[tuple[str, str | None, int, str | None]]:
+        """``(state, save id, size, path)`` of every buffer."""
+        with self._lock:
+            return [(e.state, e.save_id, e.segment.size, e.segment.path) for e in self._entries]
+
+    def release(self) -> None:
+        """Unmap and remove every buffer (the job ended cleanly)."""
+        with self._lock:
+            entries, self._entries = self._entries, []
+        for e in entries:
+            e.segment.close()
+            e.segment.unlink()

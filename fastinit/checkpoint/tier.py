@@ -1,0 +1,141 @@
+"""The host-memory tier: a committed save's staging buffers, found again after a restart.
+
+Each rank's staging buffer of a save is a file in ``/dev/shm`` named by the save and the rank
+(:func:`~fastinit.checkpoint.staging.segment_name`), and the latest committed save's stays
+there (``FASTINIT_CHECKPOINT_TIER``). A worker restarted on the same host (torchrun restarts
+every worker after one failed) loading that checkpoint maps the buffer of each source rank it
+needs instead of reading storage: :func:`open_segment` opens it only if it is a regular file of
+this user that no one else can read or write, named by the committed save and rank, whose header
+says the same; every item read from it is then checked against the digest the commit proves, and
+anything that does not match is read from storage instead. A replaced host simply has no buffer.
+
+Buffers outlive their trainer on purpose (that is the tier) and are released when a job ends
+cleanly (``fastinit.checkpoint.close``, or a clean interpreter exit). A job that ends otherwise
+leaves them; :func:`reclaim` (run when a process first saves or loads) removes this user's
+buffers whose trainer and launcher are both gone, and :func:`adoptable` hands a restarted worker
+the buffers its predecessor (same job, launcher and rank) left, so its next save reuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from fastinit.checkpoint.staging import PREFIX, Segment, segment_name, shm_dir
+
+__all__ = ["open_segment", "reclaim", "adoptable", "remember_loaded", "last_loaded"]
+
+_LOADED: list[str] = []
+
+
+def remember_loaded(save_id: str) -> None:
+    """This process loaded save ``save_id`` (its buffer, if adopted, is the tier)."""
+    _LOADED[:] = [save_id]
+
+
+def last_loaded() -> str | None:
+    return _LOADED[0] if _LOADED else None
+
+
+def open_segment(save_id: str, rank: int, named: str | None) -> tuple[Segment | None, str]:
+    """Rank ``rank``'s buffer of save ``save_id`` on this host, or None and why not.
+
+    Args:
+        save_id: the committed save.
+        rank: the rank that staged it.
+        named: the buffer the rank's manifest names (None: it staged in private memory).
+    """
+    directory = shm_dir()
+    if directory is None:
+        return None, "no /dev/shm"
+    name = segment_name(save_id, rank)
+    if named != name:
+        return None, "the save was not staged in shared memory by this user"
+    path = os.path.join(directory, name)
+    if not os.path.lexists(path):
+        return None, "not on this host"
+    try:
+        segment = Segment.open(path, writable=False)
+    except OSError as e:
+        return None, f"refused: {e}"
+    header = segment.read_header()
+    if header.get("save_id") != save_id or header.get("rank") != rank:
+        segment.close()
+        return None, "its header names another save or rank"
+    return segment, ""
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mine() -> list[str]:
+    directory = shm_dir()
+    if directory is None:
+        return []
+    prefix = f"{PREFIX}.{os.getuid()}."
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
+
+
+def reclaim(*, any_launcher: bool = False) -> list[str]:
+    """Remove this user's buffers whose trainer and launcher are both gone (with
+    ``any_launcher``: whose trainer and writer are gone, the launcher alive or not: a test
+    session ending); their paths."""
+    removed = []
+    for path in _mine():
+        try:
+            segment = Segment.open(path, writable=False)
+        except OSError:
+            continue
+        header = segment.read_header()
+        segment.close()
+        if not header:
+            continue  # being created right now (the header comes after the allocation)
+        if _alive(header.get("pid")) or _alive(header.get("writer")):
+            continue
+        if not any_launcher and _alive(header.get("ppid")):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def adoptable(rank: int, job: str) -> list[tuple[Segment, str | None]]:
+    """Buffers of rank ``rank`` that a predecessor of this process left (the same job and
+    launcher, its trainer and writer gone), mapped writable for reuse, with the save each
+    holds."""
+    out: list[tuple[Segment, str | None]] = []
+    suffix = f".r{rank}"
+    for path in _mine():
+        if not path.endswith(suffix):
+            continue
+        try:
+            segment = Segment.open(path, writable=True)
+        except OSError:
+            continue
+        header = segment.read_header()
+        if (
+            header.get("rank") == rank
+            and header.get("job") == job
+            and header.get("ppid") == os.getppid()
+            and header.get("pid") != os.getpid()
+            and not _alive(header.get("pid"))
+            and not _alive(header.get("writer"))
+        ):
+            out.append((segment, header.get("save_id")))
+        else:
+            segment.close()
+    return out

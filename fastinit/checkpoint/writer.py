@@ -1,0 +1,545 @@
+"""The writer: a process per rank that writes, checksums and commits what ``save`` staged.
+
+``save`` copies the state into a staging buffer (:mod:`fastinit.checkpoint.staging`) and sends
+the writer a :class:`WriteJob`: where the tensors lie in the buffer, DCP's save plan for them
+(computed by the trainer, which holds the live ShardedTensors), the pickled small objects, and on
+rank 0 the index. The writer writes each part with DCP's own ``FileSystemWriter`` (so the files
+are DCP's: ``.metadata`` + ``__0_0.distcp``), hashing every file as it streams to disk and every
+tensor's staged bytes, then the part's manifest, last and atomically, and answers
+``("written", ...)``.
+
+The writer is a separate process (``python -m fastinit.checkpoint.writer``) in a session of its
+own, so it neither competes with the training loop for the interpreter nor dies when torchrun
+kills the trainer's process group: once a job is handed over, it is finished. When its trainer is
+gone (its pipe closes), the writer finishes the jobs it has; rank 0's writer then commits them
+from the files (:func:`fastinit.checkpoint.commit.gather_manifests`), and every writer exits.
+It imports torch once, when it starts, and never touches CUDA.
+
+Where no shared memory is available the same code runs on a thread of the trainer
+(:class:`WriterThread`): it then dies with the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle, send_handle
+from typing import Any
+
+from fastinit import _faults
+from fastinit.checkpoint import commit as commits
+from fastinit.checkpoint import format as fmt
+from fastinit.checkpoint.digest import HashingWriter, digest, file_digest
+from fastinit.checkpoint.staging import Segment, Slot
+
+__all__ = ["Part", "WriteJob", "Written", "WriterProcess", "WriterThread", "write_job", "main"]
+
+
+@dataclasses.dataclass(slots=True)
+class Part:
+    """One DCP checkpoint to write: a rank's shards, or the replicated values."""
+
+    subdir: str
+    """``rank_<r>`` or ``replicated``."""
+    plan: Any
+    """DCP's final ``SavePlan`` of the part (write items, storage prefix)."""
+    metadata: Any
+    """DCP's ``Metadata`` of the part (as its planner made it; storage data comes from the write)."""
+    slots: dict[tuple[str, tuple[int, ...]], Slot]
+    """(fqn, chunk offsets) -> where the tensor lies in the staging buffer."""
+    objects: dict[str, bytes]
+    """fqn -> the bytes DCP writes for a non-tensor value (``torch.save`` of it)."""
+    extra: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    """Other files of the part (``layouts.json``), written before the manifest."""
+
+
+@dataclasses.dataclass(slots=True)
+class WriteJob:
+    """One rank's share of one save."""
+
+    save_id: str
+    checkpoint_dir: str
+    rank: int
+    world_size: int
+    segment_path: str | None
+    """The staging buffer's /dev/shm file, named by the save (what a restart on this host
+    opens); None when it is the trainer's private memory."""
+    parts: list[Part]
+    index: bytes | None = None
+    """Rank 0: the index's bytes."""
+    timeout: float = 300.0
+    job: str = ""
+    torch_version: str = ""
+    faults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The fault actions a test installed in the trainer (the writer honours them too)."""
+
+
+@dataclasses.dataclass(slots=True)
+class Written:
+    """What a writer reports for a job."""
+
+    save_id: str
+    ok: bool
+    manifest: str = ""
+    """This rank's manifest digest."""
+    replicated: str = ""
+    index: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    bytes: int = 0
+    digest_s: float = 0.0
+    """Seconds spent computing digests of the staged items (the files hash as they stream)."""
+
+
+# -- writing one job -------------------------------------------------------------------------
+
+
+class _Resolver:
+    """What DCP's writer asks its planner for: each item's data, from the staging buffer."""
+
+    def __init__(self, part: Part, segment: Segment) -> None:
+        self.part = part
+        self.segment = segment
+
+    def resolve_data(self, item: Any) -> Any:
+        from torch.distributed.checkpoint.planner import WriteItemType
+
+        if item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(self.part.objects[item.index.fqn])
+        slot = self.part.slots[(item.index.fqn, tuple(item.index.offset))]
+        return self.segment.slot(slot)
+
+
+def _hashing_fs() -> Any:
+    """DCP's ``FileSystem`` whose written files are hashed as they stream (``digests``)."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, tuple[int, str]] = {}
+            self.hash_s = 0.0
+
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with open(path, "wb") as raw:
+                stream = HashingWriter(raw)
+                yield stream
+                self.digests[os.path.basename(os.fspath(path))] = (
+                    stream.size,
+                    stream.hasher.hexdigest(),
+                )
+                self.hash_s += stream.hash_s
+
+    return HashingFileSystem()
+
+
+class _Window(io.RawIOBase):
+    """A read-only window ``[start, start + length)`` of an open file (for ``zipfile``)."""
+
+    def __init__(self, f: Any, start: int, length: int) -> None:
+        super().__init__()
+        self.f, self.start, self.length, self.pos = f, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self.length - self.pos))
+        self.f.seek(self.start + self.pos)
+        got = self.f.readinto(memoryview(b)[:n])
+        self.pos += got or 0
+        return got or 0
+
+
+def data_offset(f: Any, start: int, length: int, nbytes: int) -> int:
+    """Where a tensor's raw bytes begin inside its ``torch.save`` record ``[start, +length)``
+    of the open file ``f`` (DCP's format: a stored, uncompressed zip)."""
+    with zipfile.ZipFile(_Window(f, start, length)) as z:
+        infos = [i for i in z.infolist() if i.filename.endswith("/data/0")]
+        if len(infos) != 1:
+            raise ValueError("not a single-storage torch.save record")
+        info = infos[0]
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
+            raise ValueError(
+                f"the record's data is {info.file_size} bytes (compression {info.compress_type}), "
+                f"expected {nbytes} stored"
+            )
+        f.seek(start + info.header_offset)
+        header = f.read(30)
+        if header[:4] != b"PK\x03\x04":
+            raise ValueError("no local zip header where the directory points")
+        name_len, extra_len = struct.unpack("<HH", header[26:30])
+        return info.header_offset + 30 + name_len + extra_len
+
+
+def _write_part(
+    job: WriteJob, part: Part, segment: Segment, timing: dict[str, float]
+) -> tuple[fmt.Manifest, bytes]:
+    import torch.distributed.checkpoint as dcp
+
+    part_dir = os.path.join(job.checkpoint_dir, fmt.data_dir_name(job.save_id), part.subdir)
+    writer = dcp.FileSystemWriter(
+        part_dir, sync_files=True, thread_count=1, per_thread_copy_ahead=0, overwrite=False
+    )
+    fs = _hashing_fs()
+    writer.fs = fs
+    writer.save_id = job.save_id
+    writer.set_up_storage_writer(True)
+    plan = writer.prepare_local_plan(part.plan)
+    _faults.point("checkpoint.write", rank=job.rank, part=part.subdir)
+    resolver: Any = _Resolver(part, segment)  # DCP asks its planner only for resolve_data
+    results = writer.write_data(plan, resolver).value()
+    writer.finish(dataclasses.replace(part.metadata), [results])
+    timing["digest_s"] += fs.hash_s
+    files: dict[str, tuple[int, str]] = {}
+    files[fmt.DCP_METADATA] = file_digest(os.path.join(part_dir, fmt.DCP_METADATA))
+    for name, (size, hexd) in fs.digests.items():
+        if name.endswith(".distcp"):
+            files[name] = (size, hexd)
+    for name, data in part.extra.items():
+        fmt.write_bytes_atomic(os.path.join(part_dir, name), data)
+        files[name] = (len(data), digest(data))
+    items: list[fmt.Item] = []
+    opened: dict[str, Any] = {}
+    try:
+        for wr in results:
+            info = wr.storage_data
+            fqn = wr.index.fqn
+            if fqn in part.objects and wr.index.offset is None:
+                data = part.objects[fqn]
+                items.append(
+                    fmt.Item(fqn, None, info.relative_path, info.offset, info.length, digest(data))
+                )
+                continue
+            slot = part.slots[(fqn, tuple(wr.index.offset or ()))]
+            if slot.nbytes == 0:
+                where = 0
+            else:
+                f = opened.get(info.relative_path)
+                if f is None:
+                    f = opened[info.relative_path] = open(  # noqa: SIM115 - closed below
+                        os.path.join(part_dir, info.relative_path), "rb"
+                    )
+                where = info.offset + data_offset(f, info.offset, info.length, slot.nbytes)
+            staged = segment.bytes_at(slot.offset, slot.nbytes) if slot.nbytes else b""
+            t = time.perf_counter()
+            item_digest = digest(staged)
+            timing["digest_s"] += time.perf_counter() - t
+            items.append(
+                fmt.Item(
+                    fqn,
+                    slot.chunk_offsets,
+                    info.relative_path,
+                    where,
+                    slot.nbytes,
+                    item_digest,
+                    slot.offset if job.segment_path is not None else None,
+                )
+            )
+    finally:
+        for f in opened.values():
+            f.close()
+    manifest = fmt.Manifest(
+        save_id=job.save_id,
+        part=part.subdir,
+        rank=job.rank,
+        files=files,
+        items=items,
+        segment=None if job.segment_path is None else os.path.basename(job.segment_path),
+        torch_version=job.torch_version,
+    )
+    data = fmt.write_json_atomic(os.path.join(part_dir, fmt.MANIFEST_FILE), manifest.to_json())
+    return manifest, data
+
+
+def write_job(job: WriteJob, segment: Segment) -> Written:
+    """Write this rank's parts of a save (and rank 0's index); never raises."""
+    t0 = time.perf_counter()
+    out = Written(job.save_id, ok=False)
+    timing = {"digest_s": 0.0}
+    try:
+        for part in job.parts:
+            manifest, data = _write_part(job, part, segment, timing)
+            out.bytes += sum(size for size, _ in manifest.files.values())
+            if part.subdir == fmt.REPLICATED_DIR:
+                out.replicated = digest(data)
+            else:
+                out.manifest = digest(data)
+        if job.index is not None:
+            _faults.point("checkpoint.index", rank=job.rank)
+            path = os.path.join(job.checkpoint_dir, fmt.data_dir_name(job.save_id), fmt.INDEX_FILE)
+            fmt.write_bytes_atomic(path, job.index)
+            out.index = digest(job.index)
+        out.ok = True
+    except BaseException as e:  # noqa: BLE001 - reported to every rank by the commit
+        out.error = f"{type(e).__name__}: {e}"
+        part_dir = os.path.join(
+            job.checkpoint_dir,
+            fmt.data_dir_name(job.save_id),
+            fmt.RANK_DIR_PATTERN.format(rank=job.rank),
+        )
+        commits.write_failure(part_dir, out.error)
+    out.seconds = time.perf_counter() - t0
+    out.digest_s = timing["digest_s"]
+    return out
+
+
+def commit_from_files(job: WriteJob, own: Written) -> None:
+    """Rank 0 without its trainer: commit (or abort) save ``job`` from the ranks' manifests."""
+    if os.path.exists(fmt.abort_file(job.checkpoint_dir, job.save_id)):
+        return  # the trainer decided (and recorded) that it failed
+    try:
+        if not own.ok:
+            raise fmt.CheckpointError(f"rank 0 failed: {own.error}")
+        manifests = commits.gather_manifests(
+            job.checkpoint_dir, job.save_id, job.world_size, timeout=job.timeout
+        )
+        commits.commit(
+            job.checkpoint_dir,
+            job.save_id,
+            index_digest=own.index,
+            manifests=manifests,
+            replicated=own.replicated,
+            torch_version=job.torch_version,
+            job=job.job,
+        )
+    except fmt.CheckpointError as e:
+        commits.abort(job.checkpoint_dir, job.save_id, str(e))
+
+
+# -- the process ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The writer process: serve jobs from the trainer over the pipe on fd ``argv[0]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    conn = Connection(int(argv[0]))
+    hello = conn.recv()
+    for name, action in hello.get("faults", {}).items():
+        _faults.install(name, action)
+    import torch
+
+    torch.serialization.set_crc32_options(False)  # the manifest's digests replace zip's CRC
+    gone = False
+
+    def send(msg: Any) -> None:
+        nonlocal gone
+        if gone:
+            return
+        try:
+            conn.send(msg)
+        except OSError:
+            gone = True  # the trainer is gone: go on with what it handed over
+
+    send(("ready", os.getpid()))
+    segments: dict[int, Segment] = {}
+    uncommitted: dict[str, tuple[WriteJob, Written]] = {}
+    while True:
+        try:
+            msg = conn.recv()  # messages the trainer sent before it went are still read
+        except (EOFError, OSError):
+            break
+        kind = msg[0]
+        if kind == "job":
+            job: WriteJob = msg[1]
+            try:
+                segment = _segment(segments, recv_handle(conn))
+            except (EOFError, OSError):
+                break
+            _faults.clear()
+            for name, action in job.faults.items():
+                _faults.install(name, action)
+            result = write_job(job, segment)
+            if job.rank == 0:
+                uncommitted[job.save_id] = (job, result)
+            send(("written", result))
+        elif kind == "verdict":
+            uncommitted.pop(msg[1], None)
+        elif kind == "close":
+            break
+    # The trainer left (or is gone) without deciding these saves: rank 0 decides from the files.
+    for job, result in uncommitted.values():
+        commit_from_files(job, result)
+    for seg in segments.values():
+        seg.close()
+    return 0
+
+
+def _segment(cache: dict[int, Segment], fd: int) -> Segment:
+    """The staging buffer behind ``fd`` (a file descriptor the trainer passed), mapped once per
+    buffer: the trainer reuses its buffers, so the writer's mapping (and its page tables) is
+    reused too."""
+    inode = os.fstat(fd).st_ino
+    seg = cache.get(inode)
+    if seg is not None:
+        os.close(fd)
+        return seg
+    seg = cache[inode] = Segment.from_fd(fd)
+    return seg
+
+
+# -- the trainer's side ------------------------------------------------------------------------
+
+
+class WriterProcess:
+    """The trainer's handle on its writer process (started once, in the background)."""
+
+    def __init__(self) -> None:
+        import multiprocessing as mp
+
+        ours, theirs = mp.Pipe(duplex=True)
+        env = dict(os.environ)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the writer never touches a GPU
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fastinit.checkpoint._writer_main", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,  # torchrun kills the trainer's process group, not this
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+        )
+        theirs.close()
+        self.conn = ours
+        self._lock = threading.Lock()
+        self._results: dict[str, Written] = {}
+        self._ready = False
+        self.conn.send({"faults": _faults.installed()})
+
+    def _pump(self, timeout: float) -> bool:
+        """Receive one message (within ``timeout``); False when the writer is gone."""
+        try:
+            if not self.conn.poll(timeout):
+                return True
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            return False
+        if msg[0] == "ready":
+            self._ready = True
+        elif msg[0] == "written":
+            self._results[msg[1].save_id] = msg[1]
+        return True
+
+    def submit(self, job: WriteJob, segment: Segment) -> None:
+        """Hand ``job`` over with its staging buffer's file descriptor (the writer needs no
+        name: the buffer may be renamed or released here while it writes)."""
+        with self._lock:
+            self.conn.send(("job", job))
+            send_handle(self.conn, segment.fileno(), self.proc.pid)
+
+    def result(self, save_id: str, timeout: float) -> Written:
+        """The writer's report of ``save_id`` (a failed one if it does not come in time)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while save_id not in self._results:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return Written(
+                        save_id,
+                        ok=False,
+                        error=f"the writer process did not finish within {timeout:g}s "
+                        "(FASTINIT_COLLECTIVE_TIMEOUT)",
+                    )
+                if not self._pump(min(left, 1.0)) or self.proc.poll() is not None:
+                    if save_id in self._results:
+                        break
+                    return Written(
+                        save_id,
+                        ok=False,
+                        error=f"the writer process died (exit code {self.proc.poll()})",
+                    )
+            return self._results.pop(save_id)
+
+    def done(self, save_id: str) -> bool:
+        with self._lock:
+            while self.conn.poll(0):
+                if not self._pump(0):
+                    break
+            return save_id in self._results
+
+    def verdict(self, save_id: str) -> None:
+        with self._lock, contextlib.suppress(OSError):
+            self.conn.send(("verdict", save_id))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Ask the writer to exit once its queue is done (it never abandons a job)."""
+        with self._lock, contextlib.suppress(OSError):
+            self.conn.send(("close",))
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+class WriterThread:
+    """The same writer on a thread of the trainer (no shared memory: it dies with the trainer)."""
+
+    def __init__(self) -> None:
+        self._results: dict[str, Written] = {}
+        self._threads: dict[str, threading.Thread] = {}
+
+    def submit(self, job: WriteJob, segment: Segment) -> None:
+        def run() -> None:
+            self._results[job.save_id] = write_job(job, segment)
+
+        t = threading.Thread(target=run, name="fastinit-checkpoint-writer", daemon=True)
+        self._threads[job.save_id] = t
+        t.start()
+
+    def result(self, save_id: str, timeout: float) -> Written:
+        t = self._threads.pop(save_id, None)
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                self._threads[save_id] = t
+                return Written(
+                    save_id,
+                    ok=False,
+                    error=f"the writer thread did not finish within {timeout:g}s "
+                    "(FASTINIT_COLLECTIVE_TIMEOUT)",
+                )
+        return self._results.pop(save_id, Written(save_id, ok=False, error="no such save"))
+
+    def done(self, save_id: str) -> bool:
+        t = self._threads.get(save_id)
+        return t is None or not t.is_alive()
+
+    def verdict(self, save_id: str) -> None:
+        pass
+
+    def alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        for t in list(self._threads.values()):
+            t.join()

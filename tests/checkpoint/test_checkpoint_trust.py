@@ -1,0 +1,812 @@
+"""Checkpoints a user can trust: whole or invisible, proven on read, one verdict on every rank.
+
+Each failure a sceptical user found (two jobs racing into one directory, a rank directory
+replaced by a later save's, flipped bytes, DCP's BaseException escaping, a full disk at the
+marker, a rank given another directory, a stock DCP directory saved into, bad metadata on one
+rank, and the weaker five) is a case here, on real gloo ranks. Every spawned job runs several
+cases (every rank pays seconds of imports on this machine).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import threading
+import time
+from typing import Any
+
+import pytest
+from test_checkpoint import PLAN_A, PLAN_B, _build, _diff, _error_of, _local, _stock_save, _train
+
+from fastinit.testing.dist import RanksFailed, run_ranks
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def _copy(src: str, dst: str) -> str:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        shutil.copytree(src, dst)
+    dist.barrier()
+    return dst
+
+
+def _flip(path: str, where: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(where)
+        data = bytearray(f.read(4))
+        f.seek(where)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def _data_dir(path: str) -> str:
+    from fastinit.checkpoint import format as fmt
+
+    return os.path.join(path, fmt.read_commit(path).data_dir)
+
+
+def _item_middle(path: str, rank: int | None) -> tuple[str, int]:
+    """A file of a part and a byte offset in the middle of its largest tensor item's data."""
+    from fastinit.checkpoint import format as fmt
+
+    commit = fmt.read_commit(path)
+    manifest, _ = fmt.read_manifest(path, commit, rank)
+    item = max((i for i in manifest.items if i.chunk_offsets is not None), key=lambda i: i.nbytes)
+    part = fmt.REPLICATED_DIR if rank is None else fmt.RANK_DIR_PATTERN.format(rank=rank)
+    return os.path.join(path, commit.data_dir, part, item.file), item.offset + item.nbytes // 2
+
+
+# -- one job: the single-job promises ----------------------------------------------------------
+
+
+def _trust_rank(root: str) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from fastinit import checkpoint, knobs
+    from fastinit.checkpoint import format as fmt
+    from fastinit.checkpoint.state import build_state
+    from fastinit.testing.faults import inject
+
+    rank = dist.get_rank()
+    out: dict[str, Any] = {}
+    model, opts = _build(PLAN_A, seed=1)
+    _train(model, opts, seed=10)
+    reference = _local(model, opts)
+    good = f"{root}/good"
+    checkpoint.save(good, model, opts, blocking=True, metadata={"step": 1})
+
+    # 6. A rank given another directory: refused on every rank before a byte is written.
+    mine = f"{root}/step-10" if rank == 0 else f"{root}/step-11"
+    out["elsewhere"] = _error_of(lambda: checkpoint.save(mine, model, opts))
+    _barrier()
+    out["elsewhere_written"] = sorted(
+        p for p in glob.glob(f"{root}/step-1*/**", recursive=True) if os.path.isfile(p)
+    )
+
+    # 8. Bad metadata on rank 0 only: every rank raises at once, nobody waits for a timeout.
+    t0 = time.perf_counter()
+    meta = {"step": 2, "bad": object()} if rank == 0 else {"step": 2}
+    out["bad_meta"] = _error_of(lambda: checkpoint.save(f"{root}/meta", model, opts, metadata=meta))
+    out["bad_meta_s"] = time.perf_counter() - t0
+
+    # 5. A full disk exactly at the commit marker: every rank raises, no marker on disk.
+    full = f"{root}/full-marker"
+    with inject("checkpoint.marker", "oserror", ranks=[0]):
+        out["marker_full"] = _error_of(lambda: checkpoint.save(full, model, opts).wait())
+    out["marker_on_disk"] = fmt.is_committed(full)
+
+    # 7. A stock DCP checkpoint's directory: save refused, consolidate refused, stock intact.
+    stock = f"{root}/stock"
+    _stock_save(stock, model, opts)
+    before = sorted(os.listdir(stock))
+    out["into_stock"] = _error_of(lambda: checkpoint.save(stock, model, opts, blocking=True))
+    out["consolidate_stock"] = _error_of(lambda: checkpoint.consolidate(stock)) if rank == 0 else ""
+    _barrier()
+    out["stock_untouched"] = sorted(os.listdir(stock)) == before
+    # ... and a fastinit checkpoint holding a .metadata consolidate did not write: refused.
+    foreign = _copy(good, f"{root}/foreign")
+    if rank == 0:
+        shutil.copy(os.path.join(stock, ".metadata"), os.path.join(foreign, ".metadata"))
+        with open(os.path.join(foreign, ".metadata"), "rb") as f:
+            foreign_bytes = f.read()
+        out["consolidate_foreign"] = _error_of(lambda: checkpoint.consolidate(foreign))
+        with open(os.path.join(foreign, ".metadata"), "rb") as f:
+            out["foreign_untouched"] = f.read() == foreign_bytes
+    _barrier()
+
+    # c. Two saves in flight into one directory: the second is refused on every rank, the
+    # first commits.
+    twice = f"{root}/twice"
+    first = checkpoint.save(twice, model, opts)
+    out["second_save"] = _error_of(lambda: checkpoint.save(twice, model, opts))
+    out["first_committed"] = first.committed
+
+    # 2. A rank's part replaced by the same rank's files of a later save of the same model.
+    _train(model, opts, seed=11)
+    later = f"{root}/later"
+    checkpoint.save(later, model, opts, blocking=True)
+    mixed = _copy(good, f"{root}/mixed")
+    if rank == 0:
+        dst = os.path.join(_data_dir(mixed), "rank_00001")
+        src = os.path.join(_data_dir(later), "rank_00001")
+        shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+    _barrier()
+    target, target_opts = _build(PLAN_A, seed=9)
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        out["mixed"] = _error_of(lambda: checkpoint.load(mixed, target, target_opts))
+
+        # 3. Four flipped bytes in the middle of a data file: own shards (rank 1's part) and
+        # replicated values; the same plan and resharded.
+        for name, part in (("flip_own", 1), ("flip_replicated", None)):
+            flipped = _copy(good, f"{root}/{name}")
+            if rank == 0:
+                _flip(*_item_middle(flipped, part))
+            _barrier()
+            out[name] = _error_of(lambda p=flipped: checkpoint.load(p, target, target_opts))
+        other, other_opts = _build(PLAN_B, seed=9)
+        out["flip_resharded"] = _error_of(
+            lambda: checkpoint.load(f"{root}/flip_own", other, other_opts)
+        )
+        # The verification itself: every file of the good checkpoint proves itself.
+        out["verify_good"] = checkpoint.verify(good)["files"] if rank == 0 else 0
+        if rank == 0:
+            from fastinit.cli import main
+
+            out["cli_verify"] = (
+                main(["checkpoint", "verify", good]),
+                main(["checkpoint", "verify", f"{root}/flip_own"]),
+            )
+        out["verify_flipped"] = _error_of(lambda: checkpoint.verify(f"{root}/flip_own"))
+        # The good checkpoint still loads, bit-equal.
+        ok_report = checkpoint.load(good, target, target_opts)
+        out["good_diff"] = _diff(reference, _local(target, target_opts))
+        out["good_tier"] = ok_report.tier
+
+    # 4. DCP's CheckpointException (a BaseException) never escapes: a damaged stock item, and
+    # another model's stock checkpoint.
+    damaged = _copy(stock, f"{root}/stock-damaged")
+    if rank == 0:
+        for path in glob.glob(os.path.join(damaged, "*.distcp")):
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 3)
+    _barrier()
+    t2, t2_opts = _build(PLAN_A, seed=5)
+
+    def load_catching_exception() -> str:
+        try:
+            checkpoint.load(damaged, t2, t2_opts)
+        except Exception as e:  # noqa: BLE001 - the point: an Exception, not a BaseException
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    out["stock_damaged"] = load_catching_exception()
+    other_model, other_model_opts = _build(PLAN_A, seed=1, spec_kwargs={**_SPEC, "rows": 41})
+    out["stock_other_model"] = _error_of(
+        lambda: checkpoint.load(stock, other_model, other_model_opts)
+    )
+
+    # f. The three messages that misled. (iii) an empty marker:
+    empty = _copy(good, f"{root}/empty-marker")
+    if rank == 0:
+        with open(os.path.join(empty, fmt.COMMIT_FILE), "wb"):
+            pass
+    _barrier()
+    out["empty_marker"] = _error_of(lambda: checkpoint.load(empty, target, target_opts))
+    # (i) an optimizer the checkpoint lacks: named in the report (strict: refused).
+    lacking = {**target_opts, "extra": _dense(target)}
+    report = checkpoint.load(good, target, lacking)
+    out["lacking_missing"] = sorted(report.missing)[:3]
+    out["lacking_strict"] = _error_of(lambda: checkpoint.load(good, target, lacking, strict=True))
+    # (ii) another fused optimizer: its state is not the saved one's.
+    adam, adam_opts = _build(PLAN_A, seed=9, fused="adagrad")
+    out["other_optimizer"] = _error_of(lambda: checkpoint.load(good, adam, adam_opts, strict=True))
+    report = checkpoint.load(good, adam, adam_opts)
+    out["other_optimizer_missing"] = sorted(report.missing.values())[:1]
+
+    # the stock DCP checkpoint still loads through DCP, as it was
+    state = build_state(t2, t2_opts)
+    dcp.load(state, checkpoint_id=stock)
+    return out
+
+
+_SPEC = {
+    "num_tables": 5,
+    "num_weighted_tables": 1,
+    "num_ec_tables": 2,
+    "rows": 40,
+    "dims": (8, 16),
+    "ec_dim": 8,
+    "fp16_every": 4,
+}
+
+
+def _dense(model: Any) -> Any:
+    import torch
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=0.01),
+    )
+    opt.init_state()
+    return opt
+
+
+@pytest.mark.timeout(900)
+def test_one_job_refuses_proves_and_agrees(tmp_path: Any) -> None:
+    results = run_ranks(_trust_rank, 2, args=(str(tmp_path),), timeout=840)
+    for rank, out in enumerate(results):
+        assert "CheckpointError" in out["elsewhere"], out["elsewhere"]
+        assert "different checkpoint directories" in out["elsewhere"], out["elsewhere"]
+        assert out["elsewhere_written"] == []
+        assert (
+            "CheckpointError" in out["bad_meta"]
+            and "JSON" in out["bad_meta"]
+            or (rank == 1 and "refused on rank 0" in out["bad_meta"])
+        ), out["bad_meta"]
+        assert out["bad_meta_s"] < 60, out["bad_meta_s"]
+        assert "CheckpointError" in out["marker_full"], out["marker_full"]
+        assert not out["marker_on_disk"]
+        assert "stock DCP checkpoint" in out["into_stock"], out["into_stock"]
+        assert out["stock_untouched"]
+        assert "already holds a committed" in out["second_save"], out["second_save"]
+        assert out["first_committed"]
+        assert (
+            "CheckpointError" in out["mixed"]
+            and "rank 1" in out["mixed"]
+            or ("failed on rank 1" in out["mixed"])
+        ), out["mixed"]
+        for key in ("flip_own", "flip_replicated", "flip_resharded"):
+            assert "CheckpointError" in out[key], (key, out[key])
+        assert out["good_diff"] == [] and out["good_tier"] == "storage"
+        assert "CheckpointError" in out["verify_flipped"] and "rank 1" in out["verify_flipped"]
+        assert out["stock_damaged"].startswith("CheckpointError"), out["stock_damaged"]
+        assert out["stock_other_model"].startswith("CheckpointError"), out["stock_other_model"]
+        assert "is empty" in out["empty_marker"], out["empty_marker"]
+        assert out["lacking_missing"] and all(
+            k.startswith("extra.") for k in out["lacking_missing"]
+        )
+        assert "strict=True" in out["lacking_strict"], out["lacking_strict"]
+        assert "another optimizer" in out["other_optimizer"], out["other_optimizer"]
+        assert "another optimizer" in out["other_optimizer_missing"][0]
+    # the ranks reading a damaged file name it; the others name the rank that failed
+    assert "rank 1's" in results[1]["flip_own"] or "rank_00001" in results[1]["flip_own"]
+    assert "failed on rank 1" in results[0]["flip_own"], results[0]["flip_own"]
+    assert "JSON" in results[0]["bad_meta"] and "refused on rank 0" in results[1]["bad_meta"]
+    assert "stock DCP checkpoint" in results[0]["consolidate_stock"]
+    assert "not consolidate's output" in results[0]["consolidate_foreign"]
+    assert results[0]["foreign_untouched"]
+    assert results[0]["verify_good"] > 0
+    assert results[0]["cli_verify"][0] == 0 and results[0]["cli_verify"][1] != 0
+
+
+# -- two jobs into one directory ----------------------------------------------------------------
+
+
+def _racer_rank(root: str, seed: int, gate: str | None, release: str | None) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=seed)
+    _train(model, opts, seed=seed * 10)
+    torch.save(_local(model, opts), f"{root}/ref-{seed}-rank{_rank()}.pt")
+    out: dict[str, Any] = {}
+    if gate is not None:  # wait until the other job's save returned
+        while not os.path.exists(gate):
+            time.sleep(0.05)
+    handle = checkpoint.save(f"{root}/shared", model, opts)
+    if release is not None:
+        if _rank() == 0:
+            open(release, "w").close()
+        # hold the verdict until the other job has committed
+        while not os.path.exists(f"{root}/other-done"):
+            time.sleep(0.05)
+    out["verdict"] = _error_of(handle.wait)
+    if out["verdict"] == "no error" and _rank() == 0:
+        open(f"{root}/other-done", "w").close()
+    return out
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def _compare_rank(root: str, seeds: list[int]) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint, knobs
+
+    model, opts = _build(PLAN_A, seed=99)
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        checkpoint.load(f"{root}/shared", model, opts)
+    got = _local(model, opts)
+    return {
+        seed: _diff(torch.load(f"{root}/ref-{seed}-rank{_rank()}.pt", weights_only=False), got)
+        for seed in seeds
+    }
+
+
+def _run_jobs(jobs: list[tuple[Any, tuple[Any, ...]]]) -> list[Any]:
+    results: list[Any] = [None] * len(jobs)
+
+    def run(i: int, fn: Any, args: tuple[Any, ...]) -> None:
+        try:
+            results[i] = run_ranks(fn, 2, args=args, timeout=400, grace=120)
+        except RanksFailed as e:
+            results[i] = e
+
+    threads = [
+        threading.Thread(target=run, args=(i, fn, args)) for i, (fn, args) in enumerate(jobs)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+@pytest.mark.timeout(900)
+def test_two_jobs_into_one_directory_one_commits_and_loads_as_itself(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    # Job A's save returns first and holds its verdict until job B has committed.
+    a, b = _run_jobs(
+        [
+            (_racer_rank, (root, 1, None, f"{root}/a-saved")),
+            (_racer_rank, (root, 2, f"{root}/a-saved", None)),
+        ]
+    )
+    assert not isinstance(a, Exception) and not isinstance(b, Exception), (a, b)
+    assert all(out["verdict"] == "no error" for out in b), b
+    for out in a:  # the job that lost is told so on every rank, and its state never loads
+        assert "committed by another save" in out["verdict"], out["verdict"]
+    loaded = run_ranks(_compare_rank, 2, args=(root, [1, 2]), timeout=400)
+    for out in loaded:
+        assert out[2] == [] and out[1] != [], out
+    # Unslowed: both race; at most one commits, and what loads is exactly that job's state.
+    root2 = str(tmp_path / "free")
+    os.makedirs(root2)
+    open(f"{root2}/other-done", "w").close()
+    c, d = _run_jobs([(_racer_rank, (root2, 3, None, None)), (_racer_rank, (root2, 4, None, None))])
+    won = [
+        seed
+        for seed, res in ((3, c), (4, d))
+        if not isinstance(res, Exception) and all(o["verdict"] == "no error" for o in res)
+    ]
+    assert len(won) <= 1, (c, d)
+    for seed, res in ((3, c), (4, d)):
+        if seed not in won and not isinstance(res, Exception):
+            # refused at the start (the other had committed) or told it lost at the commit
+            assert all(
+                o["verdict"].startswith(("CheckpointError", "Taken"))
+                and "committed" in o["verdict"]
+                for o in res
+            ), res
+    if won:
+        loaded = run_ranks(_compare_rank, 2, args=(root2, [3, 4]), timeout=400)
+        for out in loaded:
+            assert out[won[0]] == [], out
+
+
+# -- writers: bounded waits, exits without wait, trainers killed --------------------------------
+
+
+def _stalled_then_no_wait_rank(root: str) -> dict[str, Any]:
+    from fastinit import checkpoint, knobs
+    from fastinit.checkpoint import saving
+    from fastinit.testing.faults import inject
+
+    model, opts = _build(PLAN_A, seed=1)
+    # A writer that stalls: wait() is bounded by the knob.
+    with knobs.override(FASTINIT_COLLECTIVE_TIMEOUT="8"):
+        with inject("checkpoint.write", "sleep", ranks=[1], seconds=60):
+            handle = checkpoint.save(f"{root}/stalled", model, opts)
+        t0 = time.perf_counter()
+        err = _error_of(handle.wait)
+    out = {"error": err, "seconds": time.perf_counter() - t0}
+    # A save, and the process ends without wait(): what the interpreter runs at exit (the
+    # harness leaves its ranks with os._exit, so it is called here).
+    checkpoint.save(f"{root}/no-wait", model, opts)
+    saving._at_exit()
+    return out
+
+
+def _killed_after_save_rank(root: str) -> None:
+    import signal
+
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=7)
+    _train(model, opts, seed=70)
+    torch.save(_local(model, opts), f"{root}/ref-7-rank{_rank()}.pt")
+    checkpoint.save(f"{root}/killed", model, opts)
+    os.kill(os.getpid(), signal.SIGKILL)  # every trainer, right after save returned
+
+
+def _killed_before_return_rank(root: str) -> dict[str, Any]:
+    from fastinit import checkpoint, knobs
+    from fastinit.testing.faults import inject
+
+    model, opts = _build(PLAN_A, seed=7)
+    manager = checkpoint.CheckpointManager(f"{root}/runs")
+    manager.save(1, model, opts, blocking=True)
+    with (
+        knobs.override(FASTINIT_COLLECTIVE_TIMEOUT="8"),
+        inject("checkpoint.handoff", "kill", ranks=[1]),
+    ):
+        handle = manager.save(2, model, opts)
+        err = _error_of(handle.wait) if handle is not None else "no handle"
+    return {"error": err, "latest": manager.latest()}
+
+
+def _load_killed_rank(root: str, name: str) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=99)
+    report = checkpoint.load(f"{root}/{name}", model, opts)
+    ref = torch.load(f"{root}/ref-7-rank{_rank()}.pt", weights_only=False)
+    return {"diff": _diff(ref, _local(model, opts)), "memory": report.memory_bytes}
+
+
+def _writers_of(root: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"fastinit.checkpoint._writer_main" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def _wait_for(path: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(900)
+def test_writer_process_outlives_trainers_and_waits_are_bounded(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    before = set(_writers_of(root))
+    # A stalled writer: every rank's wait() raises within the knob's bound. Then a process that
+    # exits without wait(): a loud warning, and the writers still commit it.
+    for res in run_ranks(
+        _stalled_then_no_wait_rank, 2, args=(root,), timeout=400, return_failures=True
+    ):
+        assert res.ok, res.error
+        assert "CheckpointError" in res.value["error"], res.value["error"]
+        assert res.value["seconds"] < 40, res.value["seconds"]
+        assert "still in flight at exit" in res.log, res.log
+    assert _wait_for(f"{root}/no-wait/fastinit-commit.json", 120)
+    # Every trainer SIGKILLed right after save returned: committed, and bit-equal.
+    with pytest.raises(RanksFailed):
+        run_ranks(_killed_after_save_rank, 2, args=(root,), timeout=400)
+    assert _wait_for(f"{root}/killed/fastinit-commit.json", 120)
+    for out in run_ranks(_load_killed_rank, 2, args=(root, "killed"), timeout=400):
+        assert out["diff"] == [], out
+    # A trainer killed before its save returned: the previous checkpoint stays the latest.
+    with pytest.raises(RanksFailed) as failed:
+        run_ranks(_killed_before_return_rank, 2, args=(root,), timeout=400, grace=120)
+    rank0 = failed.value.results[0]
+    assert rank0.ok and "CheckpointError" in rank0.value["error"], rank0
+    from fastinit.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(f"{root}/runs").latest()
+    assert latest is not None and latest[0] == 1, latest
+    # No writer outlives its job.
+    deadline = time.monotonic() + 60
+    while set(_writers_of(root)) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(_writers_of(root)) - before
+
+
+# -- the host-memory tier --------------------------------------------------------------------------
+
+
+def _tier_save_rank(root: str) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=3)
+    _train(model, opts, seed=30)
+    torch.save(_local(model, opts), f"{root}/ref-3-rank{_rank()}.pt")
+    manager = checkpoint.CheckpointManager(f"{root}/job")
+    handle = manager.save(1, model, opts)
+    assert handle is not None
+    manager.wait()
+    # the job dies here: the harness leaves with os._exit, so the staging buffers stay
+    return {"staged": handle.staged_bytes}
+
+
+def _tier_load_rank(root: str) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=99)
+    report = checkpoint.CheckpointManager(f"{root}/job").load_latest(model, opts)
+    assert report is not None
+    ref = torch.load(f"{root}/ref-3-rank{_rank()}.pt", weights_only=False)
+    return {
+        "diff": _diff(ref, _local(model, opts)),
+        "memory": report.memory_bytes,
+        "storage": report.bytes_read,
+        "tier": report.tier,
+        "fallbacks": report.tier_fallbacks,
+    }
+
+
+def _tier_load_then_no_shm_rank(root: str) -> dict[str, Any]:
+    """The load (this process has no staging buffer yet), then a save with /dev/shm full."""
+    import warnings
+
+    from fastinit import checkpoint
+    from fastinit.checkpoint import saving
+    from fastinit.testing.faults import inject
+
+    out = _tier_load_rank(root)
+    model, opts = _build(PLAN_A, seed=3)
+    with warnings.catch_warnings(record=True) as caught, inject("checkpoint.shm_alloc"):
+        warnings.simplefilter("always")
+        checkpoint.save(f"{root}/no-shm", model, opts, blocking=True)
+    report = checkpoint.load(f"{root}/no-shm", model, opts)
+    out["no_shm"] = {
+        "warnings": [str(w.message) for w in caught if "shared memory" in str(w.message)],
+        "writer": saving.staging_info()["writer"],
+        "tier": report.tier,
+    }
+    return out
+
+
+def _segments_of(save_id: str) -> dict[int, str]:
+    from fastinit.checkpoint.staging import segment_name
+
+    return {
+        r: f"/dev/shm/{segment_name(save_id, r)}"
+        for r in range(2)
+        if os.path.exists(f"/dev/shm/{segment_name(save_id, r)}")
+    }
+
+
+@pytest.mark.timeout(900)
+def test_restart_on_the_same_host_loads_from_memory_and_falls_back_to_storage(
+    tmp_path: Any,
+) -> None:
+    from fastinit.checkpoint import CheckpointManager
+    from fastinit.checkpoint import format as fmt
+
+    root = str(tmp_path)
+    run_ranks(_tier_save_rank, 2, args=(root,), timeout=400)
+    step, path = CheckpointManager(f"{root}/job").latest()  # type: ignore[misc]
+    save_id = fmt.read_commit(path).save_id
+    segments = _segments_of(save_id)
+    assert sorted(segments) == [0, 1], segments
+    for seg in segments.values():  # owner-only
+        assert os.stat(seg).st_mode & 0o777 == 0o600
+
+    # The same host: no tensor data read from the checkpoint directory, bit-equal.
+    for out in run_ranks(_tier_load_rank, 2, args=(root,), timeout=400):
+        assert out["diff"] == [] and out["storage"] == 0 and out["memory"] > 0, out
+        assert out["tier"] == "memory"
+
+    # A staging buffer that differs from the commit: those items come from storage.
+    manifest, _ = fmt.read_manifest(path, fmt.read_commit(path), 1)
+    item = max(manifest.items, key=lambda i: i.nbytes)
+    _flip(segments[1], item.segment_offset + item.nbytes // 2)
+    # Another user's buffer (rank 0's, chowned): never opened.
+    os.chown(segments[0], 65534, 65534)
+    outs = run_ranks(_tier_load_rank, 2, args=(root,), timeout=400)
+    assert outs[0]["diff"] == [] and outs[0]["memory"] == 0 and outs[0]["storage"] > 0, outs[0]
+    assert outs[1]["diff"] == [] and outs[1]["fallbacks"] and outs[1]["memory"] > 0, outs[1]
+    assert outs[1]["tier"] == "mixed"
+
+    # A buffer under the right name holding another save: never read.
+    os.chown(segments[0], os.getuid(), os.getgid())
+    with open(segments[0], "r+b") as f:
+        f.write(b'{"save_id": "' + b"0" * 32 + b'", "rank": 0}'.ljust(64))
+    # A replaced host: rank 1's buffer is not there. Then a full /dev/shm: one warning, the
+    # trainer's own memory and a thread, storage on load.
+    os.remove(segments[1])
+    for out in run_ranks(_tier_load_then_no_shm_rank, 2, args=(root,), timeout=400):
+        assert out["diff"] == [] and out["memory"] == 0 and out["tier"] == "storage", out
+        assert len(out["no_shm"]["warnings"]) == 1, out
+        assert out["no_shm"]["writer"] == "thread" and out["no_shm"]["tier"] == "storage", out
+    os.remove(segments[0])
+
+
+# -- re-plans that move a table between data-parallel and sharded ---------------------------------
+
+# t4 data-parallel and t0 table-wise, then the other way round (every other table kept).
+PLAN_DP = {**PLAN_A, "t4": "data_parallel", "t0": "table_wise"}
+PLAN_TW = {**PLAN_A, "t4": "table_wise", "t0": "data_parallel"}
+
+
+def _replan_save_rank(root: str, types: dict[str, str], tag: str) -> None:
+    from fastinit import checkpoint
+
+    model, opts = _build(types, seed=5)
+    _train(model, opts, seed=50)
+    checkpoint.save(f"{root}/{tag}", model, opts, blocking=True)
+    _stock_save(f"{root}/{tag}-stock", model, opts)
+
+
+def _replan_load_rank(root: str, types: dict[str, str], tag: str) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from fastinit import checkpoint, knobs
+    from fastinit.checkpoint.state import build_state
+
+    ours, ours_opts = _build(types, seed=21)
+    fresh = _local(ours, ours_opts)
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
+        strict = _error_of(lambda: checkpoint.load(f"{root}/{tag}", ours, ours_opts, strict=True))
+    got = _local(ours, ours_opts)
+    # DCP's own resharded load of the same state (what it can carry) is the reference.
+    theirs, theirs_opts = _build(types, seed=22)
+    state = build_state(theirs, theirs_opts)
+    dcp.load(
+        state,
+        checkpoint_id=f"{root}/{tag}-stock",
+        planner=DefaultLoadPlanner(allow_partial_load=True),
+    )
+    theirs.load_state_dict(state["model"])
+    for name, opt in theirs_opts.items():
+        opt.load_state_dict(state[name])
+    missing = sorted(report.missing)
+    carried = {k: v for k, v in got.items() if k not in report.missing}
+    return {
+        "mode": report.mode,
+        "missing": missing,
+        "reasons": sorted(set(report.missing.values())),
+        "carried_diff": _diff(
+            carried, {k: v for k, v in _local(theirs, theirs_opts).items() if k in carried}
+        ),
+        "missing_kept_fresh": _diff({k: fresh[k] for k in missing}, {k: got[k] for k in missing}),
+        "strict": strict,
+    }
+
+
+@pytest.mark.timeout(900)
+def test_replan_moving_tables_between_data_parallel_and_sharded(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    run_ranks(_replan_save_rank, 2, args=(root, PLAN_DP, "dp"), timeout=400)
+    run_ranks(_replan_save_rank, 2, args=(root, PLAN_TW, "tw"), timeout=400)
+    for tag, types in (("dp", PLAN_TW), ("tw", PLAN_DP)):
+        outs = run_ranks(_replan_load_rank, 2, args=(root, types, tag), timeout=400)
+        # A rank holds only its own tables' fused state: each names what it lacks of its own.
+        missing = sorted({k for out in outs for k in out["missing"]})
+        assert missing and all(".t4." in k or ".t0." in k for k in missing), missing
+        assert any(k.startswith("optim.") for k in missing), missing  # a fused state
+        assert any(k.startswith("dense.") for k in missing), missing  # a dense one
+        assert not any(k.startswith("model.") for k in missing), missing  # weights carried
+        for out in outs:
+            assert out["mode"] in ("resharded", "same-plan"), out
+            assert out["carried_diff"] == [], out["carried_diff"]
+            assert out["missing_kept_fresh"] == [], out
+            # strict: refused on every rank (the rank lacking a value says which)
+            assert "strict=True" in out["strict"] or "failed on rank" in out["strict"], out
+        assert any("strict=True" in out["strict"] for out in outs)
+
+
+# The default planner's own choices move tables between data-parallel and table-wise when the
+# world size changes (with 200-row tables: w0, t1 and t3 are table-wise at 2 ranks and
+# data-parallel at 4).
+SPEC_PLANNED = {**_SPEC, "rows": 200}
+
+
+def _planned(seed: int) -> Any:
+    import torch
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    import fastinit
+    from fastinit.testing.models import ModelSpec, build_model
+
+    module = build_model(ModelSpec(**SPEC_PLANNED), device="meta", seed=seed)
+    params = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+    sharders = [
+        EmbeddingBagCollectionSharder(fused_params=dict(params)),
+        EmbeddingCollectionSharder(fused_params=dict(params)),
+    ]
+    model = fastinit.setup(module, sharders=sharders, seed=seed)  # the default planner plans
+    # (SGD: Adam's and Adagrad's eps underflow in the fp16 tables the dense optimizer gets when
+    # they are data-parallel, and their first step makes NaNs, stock as fastinit)
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+    )
+    dense.init_state()
+    types = {t: ps.sharding_type for mp in model.plan.plan.values() for t, ps in mp.items()}
+    return model, {"optim": model.fused_optimizer, "dense": dense}, types
+
+
+def _planned_save_rank(root: str, tag: str) -> dict[str, str]:
+    from fastinit import checkpoint
+    from fastinit.testing.models import ModelSpec, make_batch
+
+    model, opts, types = _planned(seed=6)
+    loss, _ = model(make_batch(ModelSpec(**SPEC_PLANNED), 16, seed=60 + _rank()))
+    loss.backward()
+    opts["dense"].step()
+    checkpoint.save(f"{root}/{tag}", model, opts, blocking=True)
+    _stock_save(f"{root}/{tag}-stock", model, opts)
+    return types
+
+
+def _planned_load_rank(root: str, tag: str) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    from fastinit import checkpoint, knobs
+    from fastinit.checkpoint.state import build_state
+
+    ours, ours_opts, types = _planned(seed=21)
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
+    got = _local(ours, ours_opts)
+    theirs, theirs_opts, _ = _planned(seed=22)
+    state = build_state(theirs, theirs_opts)
+    dcp.load(
+        state,
+        checkpoint_id=f"{root}/{tag}-stock",
+        planner=DefaultLoadPlanner(allow_partial_load=True),
+    )
+    theirs.load_state_dict(state["model"])
+    for name, opt in theirs_opts.items():
+        opt.load_state_dict(state[name])
+    ref = _local(theirs, theirs_opts)
+    carried = [k for k in got if k not in report.missing]
+    return {
+        "types": types,
+        "missing": sorted(report.missing),
+        "carried_diff": _diff({k: got[k] for k in carried}, {k: ref[k] for k in carried}),
+    }
+
+
+@pytest.mark.timeout(1500)
+def test_replan_across_world_sizes_with_the_default_planners_choices(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    four = run_ranks(_planned_save_rank, 4, args=(root, "w4"), local_world_size=2, timeout=700)
+    two = run_ranks(_planned_save_rank, 2, args=(root, "w2"), timeout=700)
+    moved = sorted(
+        t for t in two[0] if (two[0][t] == "data_parallel") != (four[0][t] == "data_parallel")
+    )
+    assert moved, (two[0], four[0])  # the planner itself moved a table between DP and sharded
+    outs = run_ranks(_planned_load_rank, 2, args=(root, "w4"), timeout=700)  # 4 -> 2
+    outs += run_ranks(  # 2 -> 4
+        _planned_load_rank, 4, args=(root, "w2"), local_world_size=2, timeout=700
+    )
+    for out in outs:
+        assert out["carried_diff"] == [], out["carried_diff"]
+        assert not any(k.startswith("model.") for k in out["missing"]), out["missing"]
+        assert all(any(f".{t}." in k for t in moved) for k in out["missing"]), out["missing"]
+    assert any(out["missing"] for out in outs)

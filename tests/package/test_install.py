@@ -115,7 +115,7 @@ def torch_env(
     _run(sys.executable, "-m", "venv", venv)
     pip = (venv / "bin" / "python", "-m", "pip", "install", "-q")
     torch_fbgemm = _requirements(stack, "cpu")
-    _run(*pip, *torch_fbgemm, "numpy")
+    _run(*pip, *torch_fbgemm, "numpy", "xxhash")
     _run(*pip, "--no-deps", *_requirements(stack, "torchrec"))
     pins = tmp_path_factory.mktemp(f"pins-{stack}") / "pins.txt"
     pins.write_text("".join(f"{r}\n" for r in torch_fbgemm))

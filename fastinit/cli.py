@@ -29,6 +29,13 @@ the trainer recorded (:mod:`fastinit.checkpoint.publishing`).
 
 The command configures logging for the ``fastinit`` logger only; nothing here touches the root
 logger, so importing this module from a trainer changes nothing.
+
+Exit statuses (every subcommand): 0 done; 1 ``publish``: the recorded batch gave another output
+(the files are written, for inspection); 2 bad input (a one-line message); 3 ``publish``:
+published, but nothing to verify against (the trainer recorded no batch: the message says what
+was not checked); 4 the installed torch, fbgemm and TorchRec cannot run fastinit (an unsupported
+torch/fbgemm pair, or a TorchRec without what fastinit relies on: a message naming the versions
+and the supported stacks, no traceback).
 """
 
 from __future__ import annotations
@@ -54,9 +61,27 @@ if TYPE_CHECKING:
     from torch import nn
     from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-__all__ = ["main", "plan_ahead", "PlanSummary", "summarize_plan", "load_factory"]
+__all__ = [
+    "main",
+    "plan_ahead",
+    "PlanSummary",
+    "summarize_plan",
+    "load_factory",
+    "EXIT_OK",
+    "EXIT_OUTPUT_DIFFERS",
+    "EXIT_BAD_INPUT",
+    "EXIT_NOT_VERIFIED",
+    "EXIT_INCOMPATIBLE",
+]
 
 logger = logging.getLogger("fastinit.cli")
+
+#: Exit statuses (the module docstring; docs/usage.md, docs/publish.md).
+EXIT_OK = 0
+EXIT_OUTPUT_DIFFERS = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_VERIFIED = 3
+EXIT_INCOMPATIBLE = 4
 
 
 class CliError(Exception):
@@ -363,9 +388,10 @@ def plan_ahead(
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    import torch
+    from fastinit import compat, knobs
 
-    from fastinit import knobs
+    compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
+    import torch
 
     cache_dir = args.cache or knobs.get_plan_cache()
     if not cache_dir:
@@ -456,6 +482,9 @@ def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
+    from fastinit import compat
+
+    compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
     import torch
 
     from fastinit.checkpoint.publishing import PublishError, publish
@@ -627,11 +656,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
+    from fastinit.errors import CompatibilityError
+
     try:
         return int(args.run(args))
     except CliError as e:
         print(f"fastinit {args.command}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except CompatibilityError as e:
+        print(f"fastinit {args.command}: {e}", file=sys.stderr)
+        return EXIT_INCOMPATIBLE
 
 
 if __name__ == "__main__":  # pragma: no cover

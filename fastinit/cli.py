@@ -505,13 +505,18 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(report), indent=1))
     else:
-        verdict = {
-            True: f"verified: the recorded batch gives the recorded output (max diff "
-            f"{report.max_abs_diff:.2e})",
-            False: f"NOT VERIFIED: the output differs from the recorded one (max diff "
-            f"{report.max_abs_diff})",
-            None: "not verified: the checkpoint holds no recorded batch",
-        }[report.verified]
+        if report.verified is True:
+            verdict = (
+                "verified: the recorded batch gives the recorded output (max diff "
+                f"{report.max_abs_diff:.2e})"
+            )
+        elif report.verified is False:
+            verdict = (
+                "NOT VERIFIED: the output differs from the recorded one (max diff "
+                f"{report.max_abs_diff})"
+            )
+        else:
+            verdict = f"not verified: {report.not_verified}"
         print(f"published {report.checkpoint} ({report.load}) to {report.out}")
         print(f"  {report.format}: {report.state_dict_file} ({report.tensors} tensors, "
               f"{report.bytes / 1e6:.1f} MB)")  # fmt: skip
@@ -520,7 +525,9 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         for name, why in report.export_errors.items():
             print(f"  not exported {name}: {why}")
         print(f"  {verdict}")
-    return 1 if report.verified is False else 0
+    if report.verified is None:
+        return EXIT_NOT_VERIFIED
+    return EXIT_OK if report.verified else EXIT_OUTPUT_DIFFERS
 
 
 # -- entry point --------------------------------------------------------------------------------
@@ -612,7 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
         "one; the checkpoint is only read, so training may go on), write its state_dict "
         "(safetensors, else torch.save) and its dense part via torch.export to a fresh OUT, and "
         "verify that the batch the trainer recorded at save time gives the recorded output. "
-        "Exit status 1 when the verification fails.",
+        "Exit status 0 verified, 1 the output differs, 2 bad input, 3 published but nothing to "
+        "verify against (no recorded batch), 4 an unsupported torch/fbgemm/TorchRec.",
     )
     pub.add_argument("checkpoint", help="the checkpoint directory")
     pub.add_argument("-o", "--out", required=True, help="output directory (new or empty)")

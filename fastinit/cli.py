@@ -457,6 +457,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # -- checkpoint -----------------------------------------------------------------------------------
 
 
+#: What ``--blocking-s`` is, as ``fastinit checkpoint interval`` prints it.
+BLOCKING_MEANS = (
+    "  blocking = the seconds the training loop is held per checkpoint: the time save() takes "
+    "to return\n  (SaveHandle.blocking_s) plus any time handle.wait() holds the loop where the "
+    "loop calls it\n  (joining the background write, then the commit). Measure both in your "
+    "loop (time.perf_counter()\n  around each call, on the slowest rank) and enter their sum; "
+    "the background write itself is not blocking."
+)
+
+
 def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
     from fastinit.checkpoint.interval import choose_interval, format_choice
 
@@ -476,6 +486,7 @@ def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(format_choice(choice))
+        print(BLOCKING_MEANS)
     return 0
 
 
@@ -589,10 +600,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the checkpoint interval minimising unsaved work plus blocking (Young)",
         description="The interval minimising the work failures lose (failures x interval / 2) "
         "plus the time checkpoints block the loop (loop / interval x blocking): "
-        "I* = sqrt(2 x blocking x MTBF), with the costs at I* and Daly's higher-order estimate.",
+        "I* = sqrt(2 x blocking x MTBF), with the costs at I* and Daly's higher-order estimate. "
+        "Blocking is every second the loop is held per checkpoint: the time save() takes to "
+        "return plus any time handle.wait() holds the loop (its join of the background write "
+        "and the commit); time both around the calls in the loop and enter the sum.",
     )
     ci.add_argument("--blocking-s", type=float, required=True,
-                    help="seconds one checkpoint blocks the training loop (measured)")  # fmt: skip
+                    help="seconds the training loop is held per checkpoint: save() until it "
+                    "returns (SaveHandle.blocking_s) plus any time handle.wait() holds the loop; "
+                    "measured on the slowest rank")  # fmt: skip
     ci.add_argument("--mtbf-h", type=float, required=True,
                     help="the job's mean time between failures, hours")  # fmt: skip
     ci.add_argument("--loop-s", type=float, default=86_400.0,

@@ -66,6 +66,7 @@ __all__ = [
     "plan_ahead",
     "PlanSummary",
     "summarize_plan",
+    "table_layouts",
     "load_factory",
     "EXIT_OK",
     "EXIT_OUTPUT_DIFFERS",
@@ -202,6 +203,11 @@ class PlanSummary:
     """Shards held by each rank (a data-parallel table counts once per rank)."""
     rank_bytes: list[int]
     """Bytes of embedding weights held by each rank."""
+    tables: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Each table's layout (:func:`table_layouts`): ``module``, ``table``, ``sharding_type``,
+    ``compute_kernel``, ``ranks`` and ``shards`` (``[rank, offsets, sizes]`` each; None for a
+    data-parallel table, and for every table of a plan with more than
+    :data:`MAX_LISTED_SHARDS` shards)."""
 
 
 def _shardable(module: nn.Module, sharders: Sequence[Any], path: str) -> dict[str, Any]:
@@ -241,6 +247,50 @@ def summarize_plan(
                 shards[rank] += 1
                 nbytes[rank] += numel * item
     return by_type, by_kernel, shards, nbytes
+
+
+#: ``fastinit plan --json`` lists every shard's offsets and sizes up to this many shards in all
+#: (a row-wise table has one per rank: at thousands of ranks the list would be the plan again).
+MAX_LISTED_SHARDS = 65_536
+
+
+def table_layouts(plan: ShardingPlan, world_size: int) -> list[dict[str, Any]]:
+    """Each table's layout in ``plan``, in the plan's order: module path, table, sharding type,
+    compute kernel, the ranks holding it, and its shards (``[rank, offsets, sizes]``; None for a
+    data-parallel table, or when the plan has more than :data:`MAX_LISTED_SHARDS` shards)."""
+    total = sum(
+        len(ps.sharding_spec.shards)
+        for module_plan in plan.plan.values()
+        for ps in module_plan.values()
+        if ps.sharding_spec is not None
+    )
+    out = []
+    for path, module_plan in plan.plan.items():
+        for table, ps in module_plan.items():
+            spec = ps.sharding_spec
+            shards = None
+            if spec is not None and total <= MAX_LISTED_SHARDS:
+                shards = [
+                    [s.placement.rank(), list(s.shard_offsets), list(s.shard_sizes)]
+                    for s in spec.shards
+                ]
+            if ps.ranks is not None:
+                ranks = sorted(set(ps.ranks))
+            elif spec is not None:
+                ranks = sorted({s.placement.rank() for s in spec.shards})
+            else:
+                ranks = list(range(world_size))
+            out.append(
+                {
+                    "module": path,
+                    "table": table,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": ranks,
+                    "shards": shards,
+                }
+            )
+    return out
 
 
 def _mib(n: float) -> str:
@@ -384,6 +434,7 @@ def plan_ahead(
         tables_by_kernel=by_kernel,
         rank_shards=shards,
         rank_bytes=nbytes,
+        tables=table_layouts(plan, world_size),
     )
 
 

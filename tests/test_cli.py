@@ -79,6 +79,19 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
     described = json.loads((cache / f"{summary['key']}.inputs.json").read_text())
     assert described["inputs"]["consistent"] is True
     assert described["inputs"]["topology.world_size"] == 2
+    # Which table got which layout: every table once, its type, kernel, ranks and shards.
+    tables = summary["tables"]
+    assert len(tables) == 12 and len({(t["module"], t["table"]) for t in tables}) == 12
+    by_type: dict[str, int] = {}
+    for t in tables:
+        by_type[t["sharding_type"]] = by_type.get(t["sharding_type"], 0) + 1
+        assert t["compute_kernel"] in summary["tables_by_kernel"]
+        if t["sharding_type"] == "data_parallel":
+            assert t["shards"] is None and t["ranks"] == [0, 1]
+        else:
+            assert t["shards"] and sorted({r for r, _, _ in t["shards"]}) == t["ranks"]
+            assert all(len(offsets) == len(sizes) == 2 for _, offsets, sizes in t["shards"])
+    assert by_type == summary["tables_by_type"]
     before = entry.read_bytes()
 
     # The job: 2 ranks, same factory, plan_cache pointing at the directory. It traces itself.

@@ -16,7 +16,8 @@ With ``--measurements`` (``make projection``'s ``projection-measurements.json`` 
 and ``--scale-json`` (``make scale``'s), each variant's restart is also projected to 1,024 and
 4,096 ranks (:func:`benchmarks.parts_report.project_parts`).
 
-Writes ``OUT/parts.json`` and ``OUT/parts.md``; prints the tables.
+Writes ``OUT/parts.json`` and ``OUT/parts.md``; prints the tables. ``--render OUT/parts.json``
+writes ``parts.md`` again from the recorded runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from benchmarks.launch import RunSpec, run_trainer
 from benchmarks.parts_report import VARIANTS, Variant, format_parts, parts_rows, project_parts
 from benchmarks.scenarios import Layout, prepare, snapshot_primed
 
-__all__ = ["run_parts", "main"]
+__all__ = ["run_parts", "render", "main"]
 
 #: The restart the table reports (a restart on other hosts, shared storage kept).
 RESTART = "new-hosts"
@@ -70,6 +71,24 @@ def _run(
         flush=True,
     )
     return result
+
+
+def render(path: str) -> str:
+    """``parts.md`` again from a ``parts.json`` (its runs and projection), written beside it."""
+    with open(path) as f:
+        result = json.load(f)
+    nproc = result["config"]["nproc"]
+    text = "\n".join(
+        format_parts(
+            parts_rows(got["restarts"]),
+            got.get("projected") or [],
+            title=f"{model} model, {nproc} ranks, restart on new hosts",
+        )
+        for model, got in result["models"].items()
+    )
+    with open(os.path.join(os.path.dirname(path), "parts.md"), "w") as f:
+        f.write(text)
+    return text
 
 
 def _slim(run: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +184,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--measurements", default=None, help="make projection's projection-measurements.json"
     )
     parser.add_argument("--scale-json", default=None, help="make scale's scale.json")
-    return run_parts(parser.parse_args(argv))
+    parser.add_argument("--render", metavar="PARTS_JSON", help="only write parts.md again")
+    args = parser.parse_args(argv)
+    if args.render:
+        print(render(args.render))
+        return {}
+    return run_parts(args)
 
 
 if __name__ == "__main__":

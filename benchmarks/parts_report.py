@@ -116,14 +116,25 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
+def _paired(runs: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]]) -> float:
+    """The median over repeats of the ratio within each repeat (the two ran minutes apart, at
+    about the same load), NaN without a common repeat."""
+    ratios = [float(a["ttfb_s"]) / float(b["ttfb_s"]) for a, b in zip(runs, base)]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
 def parts_rows(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """One row per variant measured: the median time to first batch over its restarts, its
-    single runs and their load averages, the median start-up c10d ops, and the ratio to its
-    baseline's median (NaN without one).
+    single runs and their load averages, the median of its ``launch`` + ``device_init`` stages
+    (interpreter start and the imports of torch and TorchRec, the same code in every variant;
+    stock-best's also loads its compile artifacts there), the median start-up c10d ops, and two
+    ratios to its baseline (NaN without one): of the medians, and the median of the ratios
+    within each repeat (robust to the machine's load drifting between repeats).
 
     Args:
-        runs: variant name -> its restart runs, each with ``ttfb_s``, ``setup`` (``c10d_ops``)
-            and ``load_avg``; a variant without runs is left out.
+        runs: variant name -> its restart runs in repeat order, each with ``ttfb_s``, ``setup``
+            (``c10d_ops``), ``load_avg`` and (optional) ``stages_s``; a variant without runs is
+            left out.
     """
     medians = {
         name: statistics.median(float(r["ttfb_s"]) for r in rs) for name, rs in runs.items() if rs
@@ -134,6 +145,11 @@ def parts_rows(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str
         if not rs:
             continue
         base = medians.get(v.baseline) if v.baseline else None
+        imports = [
+            float(r["stages_s"].get("launch", 0.0)) + float(r["stages_s"].get("device_init", 0.0))
+            for r in rs
+            if "stages_s" in r
+        ]
         rows.append(
             {
                 "variant": v.name,
@@ -143,8 +159,12 @@ def parts_rows(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str
                 "ttfb_all_s": [float(r["ttfb_s"]) for r in rs],
                 "load_avg": [float(r["load_avg"]) for r in rs],
                 "c10d_ops": statistics.median(int(r["setup"]["c10d_ops"]) for r in rs),
+                "imports_s": statistics.median(imports) if imports else float("nan"),
                 "baseline": v.baseline,
                 "vs_baseline": _ratio(medians[v.name], base) if base is not None else float("nan"),
+                "vs_baseline_paired": _paired(rs, runs[v.baseline])
+                if base is not None
+                else float("nan"),
             }
         )
     return rows
@@ -215,19 +235,24 @@ def format_parts(
     title: str = "",
 ) -> str:
     """The measured table (and the projected one, when given) as Markdown."""
+
+    def num(x: float, fmt: str = ".2f") -> str:
+        return "–" if x != x else format(x, fmt)
+
     by_name = {r["variant"]: r for r in rows}
     lines = [f"### {title}", ""] if title else []
     lines += [
-        "| set-up | restart s (median) | runs s | load avg | c10d ops | vs stock-best |",
-        "|---|---:|---|---|---:|---:|",
+        "| set-up | restart s (median) | runs s | load avg | launch + device_init s "
+        "| c10d ops | vs stock-best: medians | per repeat |",
+        "|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        ratio = r["vs_baseline"]
         lines.append(
             f"| {r['label']} | {r['ttfb_s']:.1f} "
             f"| {' / '.join(f'{t:.1f}' for t in r['ttfb_all_s'])} "
-            f"| {' / '.join(f'{x:.1f}' for x in r['load_avg'])} | {r['c10d_ops']:g} "
-            f"| {'–' if ratio != ratio else f'{ratio:.2f}'} |"
+            f"| {' / '.join(f'{x:.1f}' for x in r['load_avg'])} "
+            f"| {num(r.get('imports_s', float('nan')), '.1f')} | {r['c10d_ops']:g} "
+            f"| {num(r['vs_baseline'])} | {num(r.get('vs_baseline_paired', float('nan')))} |"
         )
     if projected:
         ns = sorted({int(p["ranks"]) for p in projected})
@@ -238,7 +263,15 @@ def format_parts(
             "|---|" + "---:|" * len(ns),
         ]
         for name, r in by_name.items():
-            cells = [at[(name, n)]["ttfb_s"] for n in ns if (name, n) in at]
+            cells = [at[(name, n)] for n in ns if (name, n) in at]
             if len(cells) == len(ns):
-                lines.append(f"| {r['label']} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+                lines.append(
+                    f"| {r['label']} | "
+                    + " | ".join(
+                        f"{c['ttfb_s']:.1f}"
+                        + (f" (planning {c['planning_s']:.1f})" if c["planning_s"] else "")
+                        for c in cells
+                    )
+                    + " |"
+                )
     return "\n".join(lines) + "\n"

@@ -368,7 +368,11 @@ def test_parts_rows_ratios_and_projection() -> None:
     from benchmarks.parts_report import VARIANTS, format_parts, parts_rows, project_parts, variant
 
     def runs(*seconds: float, ops: int = 2) -> list[dict[str, Any]]:
-        return [{"ttfb_s": t, "load_avg": 1.5, "setup": {"c10d_ops": ops}} for t in seconds]
+        stages = {"launch": 1.0, "device_init": 2.0, "pre_train": 5.0}
+        return [
+            {"ttfb_s": t, "load_avg": 1.5, "setup": {"c10d_ops": ops}, "stages_s": stages}
+            for t in seconds
+        ]
 
     measured = {
         "stock-best-eager": runs(10.0, 12.0, 11.0, ops=17),
@@ -380,6 +384,9 @@ def test_parts_rows_ratios_and_projection() -> None:
     rows = {r["variant"]: r for r in parts_rows(measured)}
     assert "stock-eager" not in rows  # not measured, not shown
     assert rows["setup"]["ttfb_s"] == 9.0 and rows["setup"]["vs_baseline"] == pytest.approx(9 / 11)
+    # per repeat: 9/10, 8/12, 10/11 -> the median of the ratios
+    assert rows["setup"]["vs_baseline_paired"] == pytest.approx(9 / 10)
+    assert rows["setup"]["imports_s"] == pytest.approx(3.0)  # launch + device_init
     assert rows["plan-cache"]["vs_baseline"] == pytest.approx(0.7)
     assert rows["all"]["vs_baseline"] == pytest.approx(0.75)  # against the compiled stock-best
     assert (
@@ -423,7 +430,7 @@ def test_parts_rows_ratios_and_projection() -> None:
     assert at[("plan-cache", 1024)]["single_host_fixed_s"] == pytest.approx(7.7 - 3.0)
     text = format_parts(list(rows.values()), projected, title="tiny")
     assert "### tiny" in text and "| fastinit: + plan cache | 7.7 |" in text and "| 0.70 |" in text
-    assert "projected at 4,096 ranks s" in text
+    assert "projected at 4,096 ranks s" in text and "(planning " in text
 
 
 def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:

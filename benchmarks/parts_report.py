@@ -234,7 +234,9 @@ def format_parts(
     *,
     title: str = "",
 ) -> str:
-    """The measured table (and the projected one, when given) as Markdown."""
+    """The measured table (and the projected one, when given) as Markdown. A projected cell is
+    its scale-dependent seconds (rendezvous, planning, collectives, local work: what differs
+    between the set-ups at N ranks) and the total with the measured per-host part."""
 
     def num(x: float, fmt: str = ".2f") -> str:
         return "–" if x != x else format(x, fmt)
@@ -257,21 +259,16 @@ def format_parts(
     if projected:
         ns = sorted({int(p["ranks"]) for p in projected})
         at = {(p["variant"], int(p["ranks"])): p for p in projected}
-        lines += [
-            "",
-            "| set-up | " + " | ".join(f"projected at {n:,} ranks s" for n in ns) + " |",
-            "|---|" + "---:|" * len(ns),
-        ]
+        head = " | ".join(f"at {n:,} ranks: scale-dependent s | projected s" for n in ns)
+        lines += ["", f"| set-up | {head} |", "|---|" + "---:|---:|" * len(ns)]
         for name, r in by_name.items():
             cells = [at[(name, n)] for n in ns if (name, n) in at]
-            if len(cells) == len(ns):
-                lines.append(
-                    f"| {r['label']} | "
-                    + " | ".join(
-                        f"{c['ttfb_s']:.1f}"
-                        + (f" (planning {c['planning_s']:.1f})" if c["planning_s"] else "")
-                        for c in cells
-                    )
-                    + " |"
-                )
+            if len(cells) != len(ns):
+                continue
+            text = []
+            for c in cells:
+                scaled = c["ttfb_s"] - c["single_host_fixed_s"]
+                planning = f" (planning {c['planning_s']:.1f})" if c["planning_s"] else ""
+                text.append(f"{scaled:.1f}{planning} | {c['ttfb_s']:.1f}")
+            lines.append(f"| {r['label']} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"

@@ -430,7 +430,7 @@ def test_parts_rows_ratios_and_projection() -> None:
     assert at[("plan-cache", 1024)]["single_host_fixed_s"] == pytest.approx(7.7 - 3.0)
     text = format_parts(list(rows.values()), projected, title="tiny")
     assert "### tiny" in text and "| fastinit: + plan cache | 7.7 |" in text and "| 0.70 |" in text
-    assert "projected at 4,096 ranks s" in text and "(planning " in text
+    assert "at 4,096 ranks: scale-dependent s" in text and "(planning " in text
 
 
 def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:

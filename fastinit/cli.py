@@ -29,6 +29,13 @@ the trainer recorded (:mod:`fastinit.checkpoint.publishing`).
 
 The command configures logging for the ``fastinit`` logger only; nothing here touches the root
 logger, so importing this module from a trainer changes nothing.
+
+Exit statuses (every subcommand): 0 done; 1 ``publish``: the recorded batch gave another output
+(the files are written, for inspection); 2 bad input (a one-line message); 3 ``publish``:
+published, but nothing to verify against (the trainer recorded no batch: the message says what
+was not checked); 4 the installed torch, fbgemm and TorchRec cannot run fastinit (an unsupported
+torch/fbgemm pair, or a TorchRec without what fastinit relies on: a message naming the versions
+and the supported stacks, no traceback).
 """
 
 from __future__ import annotations
@@ -54,9 +61,28 @@ if TYPE_CHECKING:
     from torch import nn
     from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-__all__ = ["main", "plan_ahead", "PlanSummary", "summarize_plan", "load_factory"]
+__all__ = [
+    "main",
+    "plan_ahead",
+    "PlanSummary",
+    "summarize_plan",
+    "table_layouts",
+    "load_factory",
+    "EXIT_OK",
+    "EXIT_OUTPUT_DIFFERS",
+    "EXIT_BAD_INPUT",
+    "EXIT_NOT_VERIFIED",
+    "EXIT_INCOMPATIBLE",
+]
 
 logger = logging.getLogger("fastinit.cli")
+
+#: Exit statuses (the module docstring; docs/usage.md, docs/publish.md).
+EXIT_OK = 0
+EXIT_OUTPUT_DIFFERS = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_VERIFIED = 3
+EXIT_INCOMPATIBLE = 4
 
 
 class CliError(Exception):
@@ -177,6 +203,11 @@ class PlanSummary:
     """Shards held by each rank (a data-parallel table counts once per rank)."""
     rank_bytes: list[int]
     """Bytes of embedding weights held by each rank."""
+    tables: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Each table's layout (:func:`table_layouts`): ``module``, ``table``, ``sharding_type``,
+    ``compute_kernel``, ``ranks`` and ``shards`` (``[rank, offsets, sizes]`` each; None for a
+    data-parallel table, and for every table of a plan with more than
+    :data:`MAX_LISTED_SHARDS` shards)."""
 
 
 def _shardable(module: nn.Module, sharders: Sequence[Any], path: str) -> dict[str, Any]:
@@ -216,6 +247,50 @@ def summarize_plan(
                 shards[rank] += 1
                 nbytes[rank] += numel * item
     return by_type, by_kernel, shards, nbytes
+
+
+#: ``fastinit plan --json`` lists every shard's offsets and sizes up to this many shards in all
+#: (a row-wise table has one per rank: at thousands of ranks the list would be the plan again).
+MAX_LISTED_SHARDS = 65_536
+
+
+def table_layouts(plan: ShardingPlan, world_size: int) -> list[dict[str, Any]]:
+    """Each table's layout in ``plan``, in the plan's order: module path, table, sharding type,
+    compute kernel, the ranks holding it, and its shards (``[rank, offsets, sizes]``; None for a
+    data-parallel table, or when the plan has more than :data:`MAX_LISTED_SHARDS` shards)."""
+    total = sum(
+        len(ps.sharding_spec.shards)
+        for module_plan in plan.plan.values()
+        for ps in module_plan.values()
+        if ps.sharding_spec is not None
+    )
+    out = []
+    for path, module_plan in plan.plan.items():
+        for table, ps in module_plan.items():
+            spec = ps.sharding_spec
+            shards = None
+            if spec is not None and total <= MAX_LISTED_SHARDS:
+                shards = [
+                    [s.placement.rank(), list(s.shard_offsets), list(s.shard_sizes)]
+                    for s in spec.shards
+                ]
+            if ps.ranks is not None:
+                ranks = sorted(set(ps.ranks))
+            elif spec is not None:
+                ranks = sorted({s.placement.rank() for s in spec.shards})
+            else:
+                ranks = list(range(world_size))
+            out.append(
+                {
+                    "module": path,
+                    "table": table,
+                    "sharding_type": ps.sharding_type,
+                    "compute_kernel": ps.compute_kernel,
+                    "ranks": ranks,
+                    "shards": shards,
+                }
+            )
+    return out
 
 
 def _mib(n: float) -> str:
@@ -359,13 +434,15 @@ def plan_ahead(
         tables_by_kernel=by_kernel,
         rank_shards=shards,
         rank_bytes=nbytes,
+        tables=table_layouts(plan, world_size),
     )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    import torch
+    from fastinit import compat, knobs
 
-    from fastinit import knobs
+    compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
+    import torch
 
     cache_dir = args.cache or knobs.get_plan_cache()
     if not cache_dir:
@@ -419,18 +496,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
         paths = render(trace_dir, out_dir, title=args.title)
     except FileNotFoundError as e:
         raise CliError(f"{e} (set FASTINIT_TRACE_DIR in the job to write them)") from e
-    except ModuleNotFoundError as e:
-        if e.name != "matplotlib":
-            raise
-        raise CliError("the timeline needs matplotlib: pip install 'fastinit[report]'") from e
     print(paths["stages"].read_text().rstrip())
     print()
     for name, path in paths.items():
         print(f"{name}: {path}")
-    return 0
+    if "timeline" not in paths:
+        print("timeline: not drawn (needs matplotlib: pip install 'fastinit[report]')")
+    return EXIT_OK
 
 
 # -- checkpoint -----------------------------------------------------------------------------------
+
+
+#: What ``--blocking-s`` is, as ``fastinit checkpoint interval`` prints it.
+BLOCKING_MEANS = (
+    "  blocking = the seconds the training loop is held per checkpoint: the time save() takes "
+    "to return\n  (SaveHandle.blocking_s) plus any time handle.wait() holds the loop where the "
+    "loop calls it\n  (joining the background write, then the commit). Measure both in your "
+    "loop (time.perf_counter()\n  around each call, on the slowest rank) and enter their sum; "
+    "the background write itself is not blocking."
+)
 
 
 def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
@@ -452,10 +537,14 @@ def _cmd_checkpoint_interval(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(format_choice(choice))
+        print(BLOCKING_MEANS)
     return 0
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
+    from fastinit import compat
+
+    compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
     import torch
 
     from fastinit.checkpoint.publishing import PublishError, publish
@@ -476,13 +565,18 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(report), indent=1))
     else:
-        verdict = {
-            True: f"verified: the recorded batch gives the recorded output (max diff "
-            f"{report.max_abs_diff:.2e})",
-            False: f"NOT VERIFIED: the output differs from the recorded one (max diff "
-            f"{report.max_abs_diff})",
-            None: "not verified: the checkpoint holds no recorded batch",
-        }[report.verified]
+        if report.verified is True:
+            verdict = (
+                "verified: the recorded batch gives the recorded output (max diff "
+                f"{report.max_abs_diff:.2e})"
+            )
+        elif report.verified is False:
+            verdict = (
+                "NOT VERIFIED: the output differs from the recorded one (max diff "
+                f"{report.max_abs_diff})"
+            )
+        else:
+            verdict = f"not verified: {report.not_verified}"
         print(f"published {report.checkpoint} ({report.load}) to {report.out}")
         print(f"  {report.format}: {report.state_dict_file} ({report.tensors} tensors, "
               f"{report.bytes / 1e6:.1f} MB)")  # fmt: skip
@@ -491,7 +585,9 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         for name, why in report.export_errors.items():
             print(f"  not exported {name}: {why}")
         print(f"  {verdict}")
-    return 1 if report.verified is False else 0
+    if report.verified is None:
+        return EXIT_NOT_VERIFIED
+    return EXIT_OK if report.verified else EXIT_OUTPUT_DIFFERS
 
 
 # -- entry point --------------------------------------------------------------------------------
@@ -557,10 +653,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the checkpoint interval minimising unsaved work plus blocking (Young)",
         description="The interval minimising the work failures lose (failures x interval / 2) "
         "plus the time checkpoints block the loop (loop / interval x blocking): "
-        "I* = sqrt(2 x blocking x MTBF), with the costs at I* and Daly's higher-order estimate.",
+        "I* = sqrt(2 x blocking x MTBF), with the costs at I* and Daly's higher-order estimate. "
+        "Blocking is every second the loop is held per checkpoint: the time save() takes to "
+        "return plus any time handle.wait() holds the loop (its join of the background write "
+        "and the commit); time both around the calls in the loop and enter the sum.",
     )
     ci.add_argument("--blocking-s", type=float, required=True,
-                    help="seconds one checkpoint blocks the training loop (measured)")  # fmt: skip
+                    help="seconds the training loop is held per checkpoint: save() until it "
+                    "returns (SaveHandle.blocking_s) plus any time handle.wait() holds the loop; "
+                    "measured on the slowest rank")  # fmt: skip
     ci.add_argument("--mtbf-h", type=float, required=True,
                     help="the job's mean time between failures, hours")  # fmt: skip
     ci.add_argument("--loop-s", type=float, default=86_400.0,
@@ -595,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
         "one; the checkpoint is only read, so training may go on), write its state_dict "
         "(safetensors, else torch.save) and its dense part via torch.export to a fresh OUT, and "
         "verify that the batch the trainer recorded at save time gives the recorded output. "
-        "Exit status 1 when the verification fails.",
+        "Exit status 0 verified, 1 the output differs, 2 bad input, 3 published but nothing to "
+        "verify against (no recorded batch), 4 an unsupported torch/fbgemm/TorchRec.",
     )
     pub.add_argument("checkpoint", help="the checkpoint directory")
     pub.add_argument("-o", "--out", required=True, help="output directory (new or empty)")
@@ -652,11 +754,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
+    from fastinit.errors import CompatibilityError
+
     try:
         return int(args.run(args))
     except CliError as e:
         print(f"fastinit {args.command}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except CompatibilityError as e:
+        print(f"fastinit {args.command}: {e}", file=sys.stderr)
+        return EXIT_INCOMPATIBLE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,17 @@ source checkout (whose ``torchrec.__version__`` reads ``"unknown"``) or a local 
 everything present works too, with one warning (a name can keep its place and change meaning).
 Anything missing raises :class:`CompatibilityError` naming each missing piece.
 
+One thing is decided by version: the pair of torch and fbgemm. fbgemm's compiled kernels are
+built against one torch series, and with another one ``import fbgemm_gpu`` fails deep in a
+shared library (torch 2.15 with fbgemm 1.9.0: ``undefined symbol: _ZN3c1015report_overflowEPKc``)
+or, worse, loads and misbehaves. :func:`require_stack` (run by :func:`require` before any check,
+and by the ``fastinit`` command before it imports a user's model) reads the installed versions
+from the distributions' metadata, without importing either, and raises
+:class:`CompatibilityError` naming them and :data:`SUPPORTED_STACKS` when the pair is not one of
+them; then it imports fbgemm, and a failure there is the same error with fbgemm's message in it.
+A build whose version says nothing about its torch (fbgemm's ``+git`` or nightly date versions,
+no metadata at all) is only checked by that import.
+
 Components and where they are checked:
 
 * ``"setup"`` — :func:`fastinit.setup` (the fast sharders, the start-up protocol, the plan
@@ -35,18 +46,44 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import re
 import threading
 import types
 from collections.abc import Callable, Iterator
 
 from fastinit.errors import CompatibilityError
 
-__all__ = ["COMPONENTS", "TORCHREC_VERSION", "CompatibilityError", "missing", "require"]
+__all__ = [
+    "COMPONENTS",
+    "SUPPORTED_STACKS",
+    "TORCHREC_VERSION",
+    "CompatibilityError",
+    "installed_versions",
+    "missing",
+    "require",
+    "require_stack",
+]
 
 logger = logging.getLogger(__name__)
 
 #: The TorchRec release fastinit's private touches were written against.
 TORCHREC_VERSION = "1.8.0"
+
+#: The stacks fastinit supports, each the versions of one CI lane (``make test`` and
+#: ``make test STACK=1.9``; FBGEMM's compatibility table pairs each fbgemm series with one torch
+#: series): ``(torch, fbgemm, torchrec)`` series. pyproject.toml's torch range is these.
+SUPPORTED_STACKS: tuple[tuple[str, str, str], ...] = (
+    ("2.13", "1.8", "1.8"),
+    ("2.14", "1.9", "1.9"),
+)
+
+#: fbgemm's distributions, the first installed one is fbgemm (the CPU or the CUDA build).
+_FBGEMM_DISTRIBUTIONS = (
+    "fbgemm-gpu-cpu",
+    "fbgemm-gpu",
+    "fbgemm-gpu-nightly-cpu",
+    "fbgemm-gpu-nightly",
+)
 
 # A requirement is one of:
 #   "module"                      the module imports
@@ -214,6 +251,94 @@ _lock = threading.Lock()
 _warned_version = False
 
 
+def installed_versions() -> dict[str, str | None]:
+    """The installed ``torch``, ``fbgemm`` and ``torchrec`` versions and fbgemm's distribution
+    name (``fbgemm_dist``), from the distributions' metadata: nothing is imported. None where a
+    distribution is not installed (or carries no metadata, as a source checkout may)."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    out: dict[str, str | None] = {
+        "torch": version("torch"),
+        "torchrec": version("torchrec"),
+        "fbgemm": None,
+        "fbgemm_dist": None,
+    }
+    for dist in _FBGEMM_DISTRIBUTIONS:
+        found = version(dist)
+        if found is not None:
+            out["fbgemm"], out["fbgemm_dist"] = found, dist
+            break
+    return out
+
+
+def _series(version: str | None) -> str | None:
+    """``"2.14"`` of ``"2.14.1+cpu"``; None for a version that names no release series (a
+    date-versioned nightly, ``INTERNAL``, a ``+git`` local build, none)."""
+    if version is None or "+git" in version:
+        return None
+    m = re.match(r"^(\d+)\.(\d+)(?:\.|$)", version)
+    if m is None or int(m.group(1)) >= 2000:  # fbgemm nightlies are versioned by date
+        return None
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def _stack_line(versions: dict[str, str | None]) -> str:
+    fbgemm = versions["fbgemm_dist"] or "fbgemm-gpu"
+    return (
+        f"torch {versions['torch'] or '(no metadata)'}, {fbgemm} {versions['fbgemm'] or '(none)'}, "
+        f"torchrec {versions['torchrec'] or '(no metadata)'}"
+    )
+
+
+def _supported_line() -> str:
+    return "; ".join(
+        f"torch {t}.x with fbgemm-gpu(-cpu) {f}.x and torchrec {r}.x"
+        for t, f, r in SUPPORTED_STACKS
+    )
+
+
+def require_stack() -> None:
+    """Raise :class:`CompatibilityError` unless the installed torch and fbgemm are a supported
+    pair (:data:`SUPPORTED_STACKS`, read from the distributions' metadata before anything is
+    imported) and ``fbgemm_gpu`` imports. Passes once per process.
+
+    Raises:
+        CompatibilityError: naming the installed torch, fbgemm and torchrec, the supported
+            stacks, and fbgemm's own import error where it failed.
+    """
+    if "stack" in _passed:
+        return
+    versions = installed_versions()
+    pair = (_series(versions["torch"]), _series(versions["fbgemm"]))
+    supported = {(t, f) for t, f, _ in SUPPORTED_STACKS}
+    if None not in pair and pair not in supported:
+        raise CompatibilityError(
+            f"fastinit cannot run on this stack: {_stack_line(versions)}. fbgemm's kernels are "
+            f"built for one torch series, and this pair is not one fastinit supports: "
+            f"{_supported_line()}. Install a matching set, e.g. "
+            "`pip install torch==2.14.1 fbgemm-gpu-cpu==1.9.0` (GPU hosts: fbgemm-gpu==1.9.0) "
+            "and torchrec 1.9.x; see the README's install lines."
+        )
+    try:
+        importlib.import_module("fbgemm_gpu")
+    except Exception as e:  # OSError (an undefined symbol), ImportError, RuntimeError
+        lines = str(e).strip().splitlines()
+        why = f"{type(e).__name__}: {lines[-1] if lines else ''}"
+        raise CompatibilityError(
+            f"fastinit cannot run on this stack: {_stack_line(versions)}: `import fbgemm_gpu` "
+            f"failed ({why}). Supported: {_supported_line()}; install a matching set of torch "
+            "and fbgemm (see the README's install lines)."
+        ) from e
+    with _lock:
+        _passed.add("stack")
+
+
 def torchrec_version() -> str:
     """``torchrec.__version__`` as installed (``"unknown"`` for a source checkout)."""
     import torchrec
@@ -259,12 +384,14 @@ def require(component: str = "setup") -> None:
         component: ``"setup"``, ``"sharders"``, ``"planner"``, ``"pg"`` or ``"warmup"``.
 
     Raises:
-        CompatibilityError: naming the installed versions and every missing capability.
+        CompatibilityError: an unsupported torch/fbgemm pair (:func:`require_stack`), or naming
+            the installed versions and every missing capability.
         ValueError: unknown component.
     """
     global _warned_version
     if component in _passed:
         return
+    require_stack()
     absent = missing(component)
     version = torchrec_version()
     if absent:

@@ -5,13 +5,19 @@ for example the one ``fastinit.setup`` starts when ``FASTINIT_TRACE_DIR`` is set
 trainer's). :func:`render` turns it into three files:
 
 * ``timeline.png``: one row per rank, one lane per thread, every span a bar (nested spans drawn
-  thinner inside their parent), every c10d op a tick;
+  thinner inside their parent), every c10d op a tick, the first batch a black line; one colour
+  per span name, however many, all in the legend (needs matplotlib, the ``report`` extra:
+  without it the other two files are written and one warning says so);
 * ``stages.md``: per span name, its start and duration over ranks and the c10d ops, bytes, store
   operations and process groups issued inside it, then the per-rank totals;
 * ``trace.json``: the Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
 
 Everything but the drawing is pure (events in, numbers out) so it is tested on recorded traces;
 matplotlib is imported only when a picture is drawn, torch never.
+
+The first batch of a rank is, in this order: the benchmark trainer's ``bench`` record, a
+``first_batch`` mark (:meth:`fastinit.trace.Tracer.mark`), or the end of the first span named
+``first_batch`` (``with trace.span("first_batch"): batch = next(data)``, docs/usage.md).
 
 Example::
 
@@ -23,8 +29,11 @@ Example::
 
 from __future__ import annotations
 
+import colorsys
 import dataclasses
 import json
+import logging
+import math
 import os
 import pathlib
 import re
@@ -33,6 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastinit.trace import read_jsonl, summarize, to_chrome_trace
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "RankTrace",
@@ -47,7 +58,10 @@ __all__ = [
     "span_stats",
     "critical_path",
     "format_span_table",
+    "first_batch_us",
     "timeline_rows",
+    "span_colors",
+    "draw_timelines",
     "plot_timelines",
     "write_chrome_trace",
     "render",
@@ -56,7 +70,11 @@ __all__ = [
 
 _TRACE_FILE = re.compile(r"^trace-rank(\d+)\.jsonl$")
 
-#: Colours of the names the benchmark trainer uses; any other span gets one from a palette.
+#: The span a user's trace marks its first batch with (docs/usage.md).
+FIRST_BATCH = "first_batch"
+
+#: Colours of the names the benchmark trainer uses; any other span gets one from a palette, then
+#: generated ones (:func:`span_colors`: distinct for any number of names).
 STAGE_COLORS: dict[str, str] = {
     "launch": "#bbbbbb",
     "device_init": "#8c564b",
@@ -134,6 +152,32 @@ class RankTrace:
     def bench(self) -> dict[str, Any] | None:
         """The benchmark trainer's per-rank summary record, if this trace has one."""
         return next((e for e in self.events if e.get("kind") == "bench"), None)
+
+
+def first_batch_us(trace: RankTrace) -> float | None:
+    """When the rank had its first batch (µs, wall clock): the benchmark's ``bench`` record, else
+    a ``first_batch`` mark, else the end of the earliest ``first_batch`` span; None without any."""
+    bench = trace.bench
+    if bench and "first_batch" in bench:
+        return float(bench["first_batch"]) * 1e6
+    for e in trace.events:
+        if e.get("kind") == "mark" and e.get("name") == FIRST_BATCH:
+            return float(e["ts"])
+    spans = [e for e in trace.events if e.get("kind") == "span" and e.get("name") == FIRST_BATCH]
+    if spans:
+        first = min(spans, key=lambda e: float(e["ts"]))
+        return float(first["ts"]) + float(first["dur"])
+    return None
+
+
+def _ttfb_s(trace: RankTrace) -> float | None:
+    """Seconds from the rank's process start (else its first event) to its first batch."""
+    bench = trace.bench
+    if bench and "ttfb_s" in bench:
+        return float(bench["ttfb_s"])
+    at = first_batch_us(trace)
+    origin = trace.process_start_us or trace.first_us
+    return None if at is None or origin is None else (at - origin) / 1e6
 
 
 def trace_paths(trace_dir: str | os.PathLike[str]) -> list[str]:
@@ -350,8 +394,8 @@ def format_span_table(traces: Sequence[RankTrace], title: str | None = None) -> 
     lines.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in traces:
         c = comm_counts(t.events)
-        bench = t.bench
-        ttfb = f"{bench['ttfb_s']:.3f}" if bench and "ttfb_s" in bench else "–"
+        seconds = _ttfb_s(t)
+        ttfb = "–" if seconds is None else f"{seconds:.3f}"
         lines.append(
             f"| {t.rank} | {ttfb} | {c['c10d_ops']} | {c['c10d_bytes']} | {c['barriers']} "
             f"| {c['new_groups']} | {c['store_ops']} | {c['store_bytes']} |"
@@ -388,50 +432,75 @@ def timeline_rows(
     for t in traces:
         spans = [s for s in spans_of(t, origin) if names is None or s.name in names]
         ticks = tuple((float(e["ts"]) - origin) / 1e6 for e in t.events if e.get("kind") == "c10d")
-        bench = t.bench
-        end = None
-        if bench and "first_batch" in bench:
-            end = (float(bench["first_batch"]) * 1e6 - origin) / 1e6
+        at = first_batch_us(t)
+        end = None if at is None else (at - origin) / 1e6
         rows.append(
             TimelineRow(label=f"{prefix}r{t.rank}", spans=tuple(spans), ticks=ticks, end_s=end)
         )
     return rows
 
 
-def _color(name: str, extra: dict[str, str]) -> str:
-    if name in STAGE_COLORS:
-        return STAGE_COLORS[name]
-    if name not in extra:
-        extra[name] = _PALETTE[len(extra) % len(_PALETTE)]
-    return extra[name]
+def _generated(i: int) -> str:
+    """The ``i``-th generated colour: hues a golden angle apart, three lightness levels."""
+    hue = (i * 0.6180339887498949) % 1.0
+    light = (0.42, 0.58, 0.72)[(i // 7) % 3]
+    r, g, b = colorsys.hls_to_rgb(hue, light, 0.65)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
-def plot_timelines(
+def span_colors(names: Iterable[str]) -> dict[str, str]:
+    """A colour per span name, distinct for distinct names however many there are: the
+    benchmark's stages keep :data:`STAGE_COLORS`, the others take the palette, then generated
+    colours, each skipping any colour already taken."""
+    out: dict[str, str] = {}
+    taken = set(STAGE_COLORS.values())
+    palette = iter(c for c in _PALETTE if c not in taken)
+    i = 0
+    for name in dict.fromkeys(names):
+        if name in STAGE_COLORS:
+            out[name] = STAGE_COLORS[name]
+            continue
+        color = next(palette, None)
+        while color is None or color in taken:
+            color, i = _generated(i), i + 1
+        out[name] = color
+        taken.add(color)
+    return out
+
+
+def draw_timelines(
     panels: Sequence[tuple[str, Sequence[TimelineRow]]],
-    path: str | os.PathLike[str],
     *,
     title: str | None = None,
     xlabel: str = "seconds",
-) -> None:
-    """Draw one Gantt panel per ``(panel title, rows)`` into a PNG: per row one lane per thread,
-    nested spans thinner inside their parent, c10d ops as ticks, ``end_s`` as a black line."""
+) -> Any:
+    """The figure :func:`plot_timelines` saves (a ``matplotlib.figure.Figure``): one Gantt panel
+    per ``(panel title, rows)``, then the legend in a panel of its own below them, as many rows
+    of names as it needs, so that any number of spans fits without clipping."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    heights = [max(1, len(rows)) for _, rows in panels] or [1]
+    names = [s.name for _, rows in panels for row in rows for s in row.spans]
+    colors = span_colors(names)
+    used = list(colors)
+    width_in = 14.0
+    # Columns by the longest name (7-point text: about 0.065 in a character, plus the swatch).
+    longest = max((len(n) for n in used), default=1)
+    ncol = max(1, min(len(used), int(width_in // (0.065 * longest + 0.45))))
+    legend_rows = math.ceil(len(used) / ncol) if used else 0
+    legend_in = 0.3 + 0.17 * legend_rows
+    heights = [0.45 * max(1, len(rows)) + 0.7 for _, rows in panels] or [1.0]
     fig, axes = plt.subplots(
-        len(heights),
+        len(heights) + 1,
         1,
-        figsize=(14, 1.0 + sum(0.45 * h + 0.7 for h in heights)),
+        figsize=(width_in, 0.6 + sum(heights) + legend_in),
         squeeze=False,
-        gridspec_kw={"height_ratios": heights},
+        gridspec_kw={"height_ratios": [*heights, legend_in]},
     )
-    extra: dict[str, str] = {}
-    used: dict[str, None] = {}
-    for ax, (panel_title, rows) in zip(axes[:, 0], panels, strict=True):
+    for ax, (panel_title, rows) in zip(axes[:-1, 0], panels, strict=True):
         for y, row in enumerate(rows):
             first: dict[str, float] = {}
             for s in row.spans:
@@ -444,10 +513,9 @@ def plot_timelines(
                 ax.broken_barh(
                     [(s.start_s, max(s.dur_s, 1e-4))],
                     (y0, h * 0.95 * shrink),
-                    facecolors=_color(s.name, extra),
+                    facecolors=colors[s.name],
                     edgecolors="none" if s.error is None else "red",
                 )
-                used.setdefault(s.name)
             if row.ticks:
                 ax.plot(
                     row.ticks,
@@ -463,13 +531,40 @@ def plot_timelines(
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_title(panel_title, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel(xlabel)
-    handles = [Patch(color=_color(n, extra), label=n) for n in used][:40]
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(0.80, 0.5), fontsize=7)
+    axes[-2, 0].set_xlabel(xlabel)
+    legend_ax = axes[-1, 0]
+    legend_ax.axis("off")
+    if used:
+        legend_ax.legend(
+            handles=[Patch(color=colors[n], label=n) for n in used],
+            loc="upper left",
+            ncol=ncol,
+            fontsize=7,
+            frameon=False,
+            borderaxespad=0.0,
+            mode="expand",
+        )
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.80, 1.0))
-    fig.savefig(os.fspath(path), dpi=110)
+    fig.tight_layout()
+    return fig
+
+
+def plot_timelines(
+    panels: Sequence[tuple[str, Sequence[TimelineRow]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    xlabel: str = "seconds",
+) -> None:
+    """Draw one Gantt panel per ``(panel title, rows)`` into a PNG: per row one lane per thread,
+    nested spans thinner inside their parent, c10d ops as ticks, ``end_s`` as a black line, and
+    every span name in the legend below (:func:`draw_timelines`)."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_timelines(panels, title=title, xlabel=xlabel)
+    # "tight": the saved image grows to whatever the figure holds, so nothing is cut off.
+    fig.savefig(os.fspath(path), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -508,7 +603,8 @@ def render(
         title: heading of the picture and the table (default: the trace directory).
 
     Returns:
-        ``{"timeline": ..., "stages": ..., "trace": ...}``, the paths written.
+        ``{"timeline": ..., "stages": ..., "trace": ...}``, the paths written; without matplotlib
+        (the ``report`` extra) no ``"timeline"``, with one warning per process.
 
     Raises:
         FileNotFoundError: ``trace_dir`` has no trace files.
@@ -522,14 +618,33 @@ def render(
         "stages": out / "stages.md",
         "trace": out / "trace.json",
     }
-    origin = origin_us(traces)
-    since = "process start" if all(t.process_start_us for t in traces) else "first event"
-    plot_timelines(
-        [(f"{len(traces)} rank(s)", timeline_rows(traces, origin=origin))],
-        paths["timeline"],
-        title=heading,
-        xlabel=f"seconds since the earliest {since} (ticks: c10d ops; black line: first batch)",
-    )
     paths["stages"].write_text(format_span_table(traces, heading))
     write_chrome_trace([("", [t.path for t in traces])], paths["trace"])
+    origin = origin_us(traces)
+    since = "process start" if all(t.process_start_us for t in traces) else "first event"
+    try:
+        plot_timelines(
+            [(f"{len(traces)} rank(s)", timeline_rows(traces, origin=origin))],
+            paths["timeline"],
+            title=heading,
+            xlabel=f"seconds since the earliest {since} (ticks: c10d ops; black line: first batch)",
+        )
+    except ModuleNotFoundError as e:
+        if not (e.name or "").split(".")[0] == "matplotlib":
+            raise
+        _warn_no_matplotlib()
+        del paths["timeline"]
     return paths
+
+
+_warned_no_matplotlib = False
+
+
+def _warn_no_matplotlib() -> None:
+    global _warned_no_matplotlib
+    if not _warned_no_matplotlib:
+        _warned_no_matplotlib = True
+        logger.warning(
+            "timeline.png not drawn: the picture needs matplotlib (pip install "
+            "'fastinit[report]'); stages.md and trace.json are written"
+        )

@@ -217,7 +217,7 @@ def setup(
             records = _exchange(channel, local)
             seed_used = _adopt_rank0_settings(records)
         with phases("agree_on_plan"):
-            plan = _agree_on_plan(channel, records, local)
+            plan = _agree_on_plan(channel, records, local, module)
         if init_parameters:
             with phases("materialize"):
                 from fastinit.seeding import materialize_dense
@@ -332,6 +332,8 @@ class _Local:
     plan: ShardingPlan | None = None
     encoded: bytes | None = None
     fingerprint: bytes | None = None
+    key: PlanKey | None = None
+    """The plan key when ``setup`` looked the plan up (no explicit plan)."""
     cache: PlanCache | _ProtocolCache | None = None
     failure: Exception | None = None
 
@@ -361,6 +363,7 @@ def _prepare(
             found["fingerprint"] = _explicit_plan_fingerprint(module, env, device, planning)
         else:
             key = _plan_key(module, env, device, local.sharders, planner)
+            local.key = key
             planning, local.fingerprint = key.sharders, key.fingerprint
             found["fingerprint"] = key.fingerprint
             plan, found["source"] = _plan_from_cache_or_planner(module, env, key, plan_cache, local)
@@ -549,7 +552,7 @@ def _exchange(channel: protocol.Channel, local: _Local) -> protocol.Records:
 
 
 def _agree_on_plan(
-    channel: protocol.Channel, records: Sequence[Record], local: _Local
+    channel: protocol.Channel, records: Sequence[Record], local: _Local, module: nn.Module
 ) -> ShardingPlan:
     received = protocol.agree_on_plan(channel, records, local.encoded)
     plan, encoded = received if received is not None else (local.plan, local.encoded)
@@ -564,8 +567,29 @@ def _agree_on_plan(
         and (flags & protocol.PLANNED or (not flags & protocol.HAS_PLAN and local_leader))
     ):
         with trace.span("fastinit.plan_cache.put"):
-            local.cache.put(local.fingerprint, encoded)
+            stored = local.cache.put(local.fingerprint, encoded)
+        if stored:
+            _describe_entry(local.cache, module, local.key)
     return plan
+
+
+def _describe_entry(
+    cache: PlanCache | _ProtocolCache, module: nn.Module, key: PlanKey | None
+) -> None:
+    """Beside an entry this job wrote into a cache directory, what it was planned for
+    (``<key>.inputs.json``, as ``fastinit plan`` writes it), so that a later job's miss can name
+    the input that differs. A description only: a failure is logged, never raised."""
+    from fastinit.plan.cache import PlanCache
+
+    if key is None or not isinstance(cache, PlanCache):
+        return
+    from fastinit.plan.provenance import record_inputs
+
+    try:
+        with trace.span("fastinit.plan_cache.describe"):
+            record_inputs(cache.directory, module, key, written_by="fastinit.setup")
+    except Exception as e:  # noqa: BLE001 - never fails a start-up
+        logger.debug("fastinit plan cache: could not describe the entry: %s", e)
 
 
 # -- phase 5: construction ---------------------------------------------------------------------

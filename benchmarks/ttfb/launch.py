@@ -46,6 +46,13 @@ class RunSpec:
     """torchrun's ``--max-restarts``."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra environment of the ranks (the fault injection's variables)."""
+    trainer_args: tuple[str, ...] = ()
+    """More arguments of ``benchmarks.ttfb.trainer`` (``--fastinit-parts setup``); the torchrun
+    launcher only."""
+
+    def __post_init__(self) -> None:
+        if self.trainer_args and self.launcher != "torchrun":
+            raise ValueError("trainer_args need the torchrun launcher")
 
 
 def _env(spec: RunSpec) -> dict[str, str]:
@@ -144,6 +151,7 @@ def run_trainer(spec: RunSpec) -> list[str]:
             spec.checkpoint_step,
         )
         cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.ttfb.trainer", *args]
+        cmd += spec.trainer_args
         ok, detail = _run(cmd, {**env, **_env(spec)}, spec)
     return _check(spec, ok, detail, "run")
 

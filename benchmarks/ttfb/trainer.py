@@ -26,6 +26,11 @@ moment that first ``progress`` returns; a ``launch`` span covers interpreter sta
   cache and, where the host has a spare core per rank (``--warmup auto``), compiles the model on
   a synthetic fast batch without changing any state; otherwise the first step compiles, as in
   stock, and no extra step is paid.
+* ``--mode fastinit --fastinit-parts setup``: only the one-line change: stock's trainer (the
+  stages in sequence, the dense arch compiled lazily by the first step, no cache of ours) with
+  ``DistributedModelParallel`` replaced by :func:`fastinit.setup` without a plan cache (rank 0
+  plans at every start); ``--fastinit-parts plan-cache``: the same with the plan cache in
+  ``--cache-dir`` (what :mod:`benchmarks.parts` measures part by part).
 
 After a failure (``--checkpoint-dir`` holding a committed checkpoint: the ``recover`` scenario,
 under torchrun ``--max-restarts``), every mode resumes before its first step: a ``resume`` span
@@ -63,6 +68,7 @@ from typing import Any  # noqa: E402
 
 __all__ = [
     "MODES",
+    "FASTINIT_PARTS",
     "STAGES",
     "FASTINIT_AFTER",
     "FASTINIT_DEPS",
@@ -76,6 +82,9 @@ __all__ = [
 
 #: Trainer modes: stock TorchRec, stock as a careful user sets it up, fastinit.
 MODES: tuple[str, ...] = ("stock", "stock-best", "fastinit")
+
+#: ``--fastinit-parts``: the whole of fastinit, or its set-up with and without the plan cache.
+FASTINIT_PARTS: tuple[str, ...] = ("all", "plan-cache", "setup")
 
 #: Files stock-best keeps on shared storage (in ``--cache-dir``).
 STOCK_BEST_PLAN = "plan.pt"
@@ -172,6 +181,11 @@ class TrainerConfig:
     "first-step" (inside the first ``progress``, as in every TorchRec trainer) or "startup" (the
     last start-up stage, after ``pre_train`` on the collective lane: the first ``progress`` is
     then a steady-state step; an experiment, see docs/warmup.md)."""
+    fastinit_parts: str = "all"
+    """fastinit: which parts of fastinit the trainer uses: "all" (the stage graph, the plan
+    cache, the warm-up and the compile cache), "plan-cache" (stock's sequential trainer with
+    ``fastinit.setup`` and its plan cache) or "setup" (the one-line change alone: stock's
+    trainer with ``fastinit.setup``, no plan cache)."""
     fast_batch_size: int = 8
     """Samples in fastinit's synthetic warm-up batch (the compiled graphs have a dynamic batch
     dimension: the first step compiles nothing more, ``first_step_graphs`` in the trace)."""
@@ -201,6 +215,12 @@ class TrainerConfig:
             raise ValueError(
                 f"pipeline_fill must be first-step or startup, got {self.pipeline_fill!r}"
             )
+        if self.fastinit_parts not in FASTINIT_PARTS:
+            raise ValueError(
+                f"fastinit_parts must be one of {FASTINIT_PARTS}, got {self.fastinit_parts!r}"
+            )
+        if self.fastinit_parts != "all" and self.mode != "fastinit":
+            raise ValueError("fastinit_parts other than 'all' needs mode fastinit")
         if self.worker_start not in ("fork", "spawn"):
             raise ValueError(f"worker_start must be fork or spawn, got {self.worker_start!r}")
         if self.model not in MODELS:
@@ -266,6 +286,11 @@ class _Trainer:
 
         #: (path, step) of the checkpoint to resume from, or None.
         self.resume_from = latest(config.checkpoint_dir, config.mode)
+
+    @property
+    def _full_fastinit(self) -> bool:
+        """fastinit mode with every part (the stage graph, warm-up and compile cache)."""
+        return self.config.mode == "fastinit" and self.config.fastinit_parts == "all"
 
     # -- the seven stages ----------------------------------------------------------------------
 
@@ -376,7 +401,9 @@ class _Trainer:
             import fastinit
 
             plan_cache = (
-                os.path.join(self.config.cache_dir, "plan") if self.config.cache_dir else None
+                os.path.join(self.config.cache_dir, "plan")
+                if self.config.cache_dir and self.config.fastinit_parts != "setup"
+                else None
             )
             model = fastinit.setup(
                 module, device=device, sharders=sharders, plan_cache=plan_cache, seed=0
@@ -386,7 +413,7 @@ class _Trainer:
             lambda params: torch.optim.Adagrad(params, lr=0.02),
         )
         optimizer = CombinedOptimizer([model.fused_optimizer, dense])
-        if self.config.compile and self.config.mode != "fastinit":
+        if self.config.compile and not self._full_fastinit:
             from fastinit.warmup import CompileConfig, compile_modules
 
             compile_modules(model, CompileConfig(targets=COMPILE_TARGETS))  # compiles lazily
@@ -446,7 +473,7 @@ class _Trainer:
     def pre_train(self, built: tuple[Any, Any]) -> Any:
         model, optimizer = built
         model.train()
-        if self.config.mode != "fastinit":
+        if not self._full_fastinit:
             return None
         import torch
 
@@ -815,6 +842,8 @@ def run(config: TrainerConfig) -> dict[str, Any]:
     tracer.mark("process_start", at=t_start)
     trainer = _Trainer(config, tracer)
     if config.mode == "fastinit":
+        trainer.info["fastinit_parts"] = config.fastinit_parts
+    if trainer._full_fastinit:
         pipeline, data = trainer.run_fastinit()
     else:
         pipeline, data = trainer.run_stock()
@@ -910,6 +939,12 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         default="first-step",
         help="fastinit: TorchRec's pipeline fill in the first step, or as the last start-up stage",
     )
+    parser.add_argument(
+        "--fastinit-parts",
+        choices=FASTINIT_PARTS,
+        default="all",
+        help="fastinit: every part, or stock's trainer with fastinit.setup (+ its plan cache)",
+    )
     parser.add_argument("--steps", type=int, default=1, help="training steps in all")
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
     parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
@@ -936,6 +971,7 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         compile_prefetch=args.compile_prefetch,
         compile_in_background=args.compile_in_background,
         pipeline_fill=args.pipeline_fill,
+        fastinit_parts=args.fastinit_parts,
     )
 
 

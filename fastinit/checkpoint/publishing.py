@@ -76,6 +76,8 @@ class PublishReport:
     """Submodule path -> why it did not export."""
     verified: bool | None = None
     """The forward on the recorded batch gave the recorded output (None: nothing recorded)."""
+    not_verified: str | None = None
+    """When ``verified`` is None: what could not be checked, and why."""
     max_abs_diff: float | None = None
     """Largest difference against the recorded output (and the exported programs' against
     their modules)."""
@@ -333,10 +335,13 @@ def publish(
 
     Returns:
         The :class:`PublishReport`; ``verified`` False means the forward on the recorded batch
-        did not give the recorded output (the files are still written, for inspection).
+        did not give the recorded output (the files are still written, for inspection); None
+        means nothing was recorded to verify against (``not_verified`` says what was not
+        checked; the state_dict is still written).
 
     Raises:
-        PublishError: the output is taken, the checkpoint is missing or does not fit the model.
+        PublishError: the output is taken, the checkpoint is missing or does not fit the model,
+            ``batch_file`` is not a file.
     """
     import torch
 
@@ -347,6 +352,8 @@ def publish(
         raise PublishError(f"{out} is inside the checkpoint {checkpoint_dir} (read only)")
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise PublishError(f"{out} exists and is not empty; nothing overwritten")
+    if batch_file is not None and not os.path.isfile(batch_file):
+        raise PublishError(f"{batch_file}: no such recorded batch (--batch)")
     if any(p.is_meta for p in model.parameters()) or any(b.is_meta for b in model.buffers()):
         model = model.to_empty(device=torch.device("cpu"))
     seconds: dict[str, float] = {}
@@ -427,6 +434,17 @@ def _verify_and_export(
     finally:
         for h in hooks:
             h.remove()
+    if record is None:
+        report.not_verified = (
+            f"the checkpoint holds no recorded batch ({VERIFY_FILE}: the trainer did not call "
+            "fastinit.checkpoint.record_verification), so no forward pass checked the loaded "
+            "state"
+            + (
+                " and the dense part was not exported (torch.export needs its inputs)"
+                if parts
+                else ""
+            )
+        )
     if not export:
         return
     os.makedirs(os.path.join(tmp, "dense"), exist_ok=True)

@@ -330,13 +330,109 @@ def _trainer_losses(tmp_path: pathlib.Path, *flags: str) -> tuple[dict[str, Any]
     return bench["losses"], [e["name"] for e in events if e.get("kind") == "span"]
 
 
-def test_pipeline_fill_at_startup_trains_the_same(tmp_path: pathlib.Path) -> None:
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[str]]:
+    """The fastinit trainer with its defaults (every part), shared by the tests that compare."""
+    return _trainer_losses(tmp_path_factory.mktemp("plain"))
+
+
+def test_pipeline_fill_at_startup_trains_the_same(
+    tmp_path: pathlib.Path, plain_run: tuple[dict[str, Any], list[str]]
+) -> None:
     """``--pipeline-fill startup``: TorchRec's fill runs as the last start-up stage; the steps
     train exactly what they train with the fill inside the first step."""
-    plain, plain_spans = _trainer_losses(tmp_path)
+    plain, plain_spans = plain_run
     early, early_spans = _trainer_losses(tmp_path, "--pipeline-fill", "startup")
     assert "pipeline_fill" in early_spans and "pipeline_fill" not in plain_spans
     assert len(plain) == 4 and early == plain, (plain, early)
+
+
+def test_the_one_line_change_alone_trains_the_same(
+    tmp_path: pathlib.Path, plain_run: tuple[dict[str, Any], list[str]]
+) -> None:
+    """``--fastinit-parts setup``: stock's sequential trainer with ``fastinit.setup`` (no plan
+    cache, no stage graph, no warm-up): the same losses as all of fastinit."""
+    from benchmarks.ttfb.trainer import TrainerConfig, _parse
+
+    assert _parse([]).fastinit_parts == "all"
+    assert _parse(["--fastinit-parts", "plan-cache"]).fastinit_parts == "plan-cache"
+    with pytest.raises(ValueError, match="fastinit_parts"):
+        TrainerConfig(fastinit_parts="some")
+    with pytest.raises(ValueError, match="needs mode fastinit"):
+        TrainerConfig(mode="stock", fastinit_parts="setup")
+    plain, _ = plain_run
+    alone, spans = _trainer_losses(tmp_path, "--fastinit-parts", "setup")
+    assert "fastinit.setup" in spans and "fastinit.plan" in spans  # it planned: no cache
+    assert len(plain) == 4 and alone == plain, (plain, alone)
+
+
+def test_parts_rows_ratios_and_projection() -> None:
+    from benchmarks.parts.report import VARIANTS, format_parts, parts_rows, project_parts, variant
+
+    def runs(*seconds: float, ops: int = 2) -> list[dict[str, Any]]:
+        stages = {"launch": 1.0, "device_init": 2.0, "pre_train": 5.0}
+        return [
+            {"ttfb_s": t, "load_avg": 1.5, "setup": {"c10d_ops": ops}, "stages_s": stages}
+            for t in seconds
+        ]
+
+    measured = {
+        "stock-best-eager": runs(10.0, 12.0, 11.0, ops=17),
+        "setup": runs(9.0, 8.0, 10.0, ops=3),
+        "plan-cache": runs(7.7, 7.7),
+        "stock-best": runs(8.0),
+        "all": runs(6.0),
+    }
+    rows = {r["variant"]: r for r in parts_rows(measured)}
+    assert "stock-eager" not in rows  # not measured, not shown
+    assert rows["setup"]["ttfb_s"] == 9.0 and rows["setup"]["vs_baseline"] == pytest.approx(9 / 11)
+    # per repeat: 9/10, 8/12, 10/11 -> the median of the ratios
+    assert rows["setup"]["vs_baseline_paired"] == pytest.approx(9 / 10)
+    assert rows["setup"]["imports_s"] == pytest.approx(3.0)  # launch + device_init
+    assert rows["plan-cache"]["vs_baseline"] == pytest.approx(0.7)
+    assert rows["all"]["vs_baseline"] == pytest.approx(0.75)  # against the compiled stock-best
+    assert (
+        math.isnan(rows["stock-best"]["vs_baseline"]) and rows["stock-best-eager"]["c10d_ops"] == 17
+    )
+    assert [v.name for v in VARIANTS if v.name in rows] == list(rows)  # the table's order
+    with pytest.raises(ValueError, match="unknown variant"):
+        variant("nope")
+
+    # The projection: planning only where a variant plans at every start, each side's local work.
+    def summary(ttfb: float, ops: int) -> dict[str, Any]:
+        return {
+            "ttfb_s": ttfb,
+            "stages_s": {"process_group_init": 1.0, "train_module_creation": 2.0},
+            "setup": {"store_ops": 10},
+            "setup_by_op": {"allgather_": {"count": ops, "bytes": 100 * ops}},
+        }
+
+    measurements = {
+        "store_op_s": 1e-5,
+        "sizes": {"1024": {"pickle": 1000, "codec": 100}, "4096": {"pickle": 4000, "codec": 100}},
+        "planning": {"stock": {"2": 1.0, "8": 4.0}, "fastinit": {"2": 0.1, "8": 0.2}},
+    }
+    fits = {"stock": (0.01, 1.0), "fastinit": (0.3, 0.0)}
+    projected = project_parts(
+        {
+            "setup": summary(9.0, 1),
+            "plan-cache": summary(7.7, 1),
+            "stock-best-eager": summary(11, 5),
+        },
+        measurements=measurements,
+        local_fits=fits,
+    )
+    at = {(p["variant"], p["ranks"]): p for p in projected}
+    assert set(at) == {
+        (v, n) for v in ("setup", "plan-cache", "stock-best-eager") for n in (1024, 4096)
+    }
+    assert at[("setup", 4096)]["planning_s"] > 0 and at[("plan-cache", 4096)]["planning_s"] == 0
+    assert at[("stock-best-eager", 4096)]["local_s"] == pytest.approx(0.01 * 4096)
+    assert at[("plan-cache", 4096)]["local_s"] == pytest.approx(0.3)
+    assert at[("plan-cache", 1024)]["single_host_fixed_s"] == pytest.approx(7.7 - 3.0)
+    text = format_parts(list(rows.values()), projected, title="tiny")
+    assert "### tiny" in text and "| fastinit: + plan cache | 7.7 |" in text and "| 0.70 |" in text
+    assert "at 4,096 ranks: scale-dependent s" in text and "(planning " in text
 
 
 def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:

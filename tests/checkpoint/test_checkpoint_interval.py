@@ -71,6 +71,12 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["checkpoint", "interval", "--blocking-s", "2.5", "--mtbf-h", "7.9"]) == 0
     out = capsys.readouterr().out
     assert FORMULA in out and "377 s" in out and "Daly" in out
+    # It says which blocking to enter: save()'s return plus the loop's handle.wait(), measured.
+    assert "save() takes to return" in out and "handle.wait() holds the loop" in out
+    assert "time.perf_counter()" in out
+    with pytest.raises(SystemExit):
+        cli.main(["checkpoint", "interval", "--help"])
+    assert "handle.wait()" in " ".join(capsys.readouterr().out.split())
     argv = ["checkpoint", "interval", "--blocking-s", "2", "--mtbf-h", "1", "--step-s", "0.5"]
     assert cli.main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -311,3 +311,53 @@ def test_publish_verifies_when_the_plan_reorders_the_tables(tmp_path: pathlib.Pa
     assert keys[0] != tables_order and sorted(keys[0]) == sorted(tables_order), keys
     report = publish(str(ckpt), str(tmp_path / "out"), build_model(spec, "meta"), export=False)
     assert report.verified is True, report
+
+
+def test_publish_without_a_recorded_batch_publishes_and_says_so(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint whose trainer never called ``record_verification``: published, what could
+    not be verified said, exit status 3 (not 1, "the output differs"), with and without --json;
+    the command's other statuses beside it."""
+    import torch
+
+    from fastinit.cli import main
+
+    # docs/publish.md's exit statuses
+    verified, differs, bad_input, not_verified = 0, 1, 2, 3
+
+    ckpt = tmp_path / "ckpt"
+    _small_checkpoint(ckpt)
+    (tmp_path / "my_model.py").write_text(FACTORY)
+    model = f"{tmp_path / 'my_model.py'}:build"
+    recorded = tmp_path / "recorded.pt"
+    (ckpt / "fastinit-verify.pt").rename(recorded)
+
+    assert main(["publish", str(ckpt), "--out", str(tmp_path / "a"), "--model", model]) == (
+        not_verified
+    )
+    out = capsys.readouterr().out
+    assert "not verified: the checkpoint holds no recorded batch" in out
+    assert "record_verification" in out and "not exported" in out
+    assert (tmp_path / "a" / "model.safetensors").is_file()
+    argv = ["publish", str(ckpt), "--out", str(tmp_path / "b"), "--model", model, "--json"]
+    assert main(argv) == not_verified
+    report = json.loads(capsys.readouterr().out)
+    assert report["verified"] is None and "no recorded batch" in report["not_verified"]
+    assert json.loads((tmp_path / "b" / "publish.json").read_text())["verified"] is None
+
+    # The recorded batch given explicitly: verified (0); a tampered one: differs (1); a missing
+    # one: bad input (2), nothing written.
+    argv = ["publish", str(ckpt), "--model", model, "--no-export", "--batch"]
+    assert main([*argv, str(recorded), "--out", str(tmp_path / "c")]) == verified
+    assert "verified: the recorded batch gives the recorded output" in capsys.readouterr().out
+    record = torch.load(recorded, weights_only=False)
+    record["output"] = (record["output"][0] + 1, record["output"][1])
+    tampered = tmp_path / "tampered.pt"
+    torch.save(record, tampered)
+    assert main([*argv, str(tampered), "--out", str(tmp_path / "d")]) == differs
+    assert "NOT VERIFIED" in capsys.readouterr().out
+    missing = str(tmp_path / "nothing.pt")
+    assert main([*argv, missing, "--out", str(tmp_path / "e")]) == bad_input
+    assert "no such recorded batch" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()

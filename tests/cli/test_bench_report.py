@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import pytest
 
@@ -128,3 +129,103 @@ def test_render_without_bench_record(tmp_path: pathlib.Path) -> None:
     assert "| launch |" not in table
     assert "| 0 | – |" in table
     assert os.path.getsize(paths["timeline"]) > 0
+
+
+def _user_trace(trace_dir: pathlib.Path, *, mark: bool = False) -> float:
+    """A user's own trace, as docs/usage.md writes it: spans of their stages and a
+    ``first_batch`` span (or mark); no benchmark record, no process start. Returns the first
+    batch's time (µs)."""
+    from fastinit import trace
+
+    tracer = trace.Tracer(rank=0, out_dir=str(trace_dir), comm=False).start()
+    try:
+        with trace.span("build_model"):
+            time.sleep(0.02)
+        if mark:
+            tracer.mark("first_batch")
+        else:
+            with trace.span("first_batch"):
+                pass
+        with trace.span("step"):
+            pass
+    finally:
+        tracer.stop()
+    events = trace.read_jsonl(str(trace_dir / "trace-rank0.jsonl"))
+    if mark:
+        return next(float(e["ts"]) for e in events if e.get("kind") == "mark")
+    span = next(e for e in events if e.get("name") == "first_batch")
+    return float(span["ts"]) + float(span["dur"])
+
+
+@pytest.mark.parametrize("mark", [False, True])
+def test_the_first_batch_of_a_users_trace(tmp_path: pathlib.Path, mark: bool) -> None:
+    at = _user_trace(tmp_path / "t", mark=mark)
+    traces = report.load(tmp_path / "t")
+    table = report.format_span_table(traces)
+    per_rank = table.split("## Per rank")[1]
+    expected = (at - traces[0].first_us) / 1e6  # type: ignore[operator]
+    assert f"| 0 | {expected:.3f} |" in per_rank, per_rank  # the column is filled
+    (row,) = report.timeline_rows(traces)
+    origin = report.origin_us(traces)
+    assert row.end_s == pytest.approx((at - origin) / 1e6)  # the black line is drawn
+    assert report.first_batch_us(traces[0]) == pytest.approx(at)
+
+
+def test_report_without_matplotlib_writes_the_table_and_trace(
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    from fastinit.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    monkeypatch.setattr(report, "_warned_no_matplotlib", False)
+    with caplog.at_level(logging.WARNING, logger="fastinit.report"):
+        paths = report.render(FIXTURE / "stock", tmp_path / "a")
+        again = report.render(FIXTURE / "stock", tmp_path / "b")
+    assert set(paths) == set(again) == {"stages", "trace"}
+    assert (tmp_path / "a" / "stages.md").read_text().startswith("# Trace of")
+    assert json.loads((tmp_path / "a" / "trace.json").read_text())["traceEvents"]
+    assert not (tmp_path / "a" / "timeline.png").exists()
+    warned = [r.getMessage() for r in caplog.records if r.name == "fastinit.report"]
+    assert len(warned) == 1 and "fastinit[report]" in warned[0]  # once
+    log = logging.getLogger("fastinit")
+    saved = (list(log.handlers), log.level, log.propagate)
+    try:
+        assert main(["report", str(FIXTURE / "stock"), "--out", str(tmp_path / "c")]) == 0
+    finally:
+        log.handlers[:], log.propagate = saved[0], saved[2]
+        log.setLevel(saved[1])
+    out = capsys.readouterr().out
+    assert "| device_init |" in out and "timeline: not drawn" in out
+    assert (tmp_path / "c" / "trace.json").is_file()
+
+
+def test_every_span_gets_its_own_colour_and_the_legend_fits() -> None:
+    names = [f"my_trainer.a_rather_long_stage_name_{i}" for i in range(60)]
+    colors = report.span_colors(["launch", "first_step", *names, *names[:5]])
+    assert len(colors) == 62 and len(set(colors.values())) == 62  # distinct, however many
+    assert colors["launch"] == report.STAGE_COLORS["launch"]
+    assert len(set(report.span_colors(str(i) for i in range(1000)).values())) == 1000
+
+    spans = tuple(
+        report.Span(name=n, start_s=0.1 * i, dur_s=0.5, thread="MainThread", tid=1)
+        for i, n in enumerate(names)
+    )
+    rows = [
+        report.TimelineRow(label="r0", spans=spans),
+        report.TimelineRow(label="r1", spans=spans),
+    ]
+    fig = report.draw_timelines([("2 ranks", rows)], title="user spans")
+    fig.canvas.draw()
+    legend = next(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)
+    assert [t.get_text() for t in legend.get_texts()] == names  # none left out
+    box, figure = legend.get_window_extent(), fig.bbox
+    assert (
+        figure.x0 <= box.x0 and box.x1 <= figure.x1 and figure.y0 <= box.y0 and box.y1 <= figure.y1
+    )
+    drawn = {tuple(h.get_facecolor()) for h in legend.legend_handles}
+    assert len(drawn) == len(names)

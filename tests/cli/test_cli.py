@@ -79,6 +79,19 @@ def test_plan_ahead_then_setup_hits_the_cache_and_report(tmp_path: pathlib.Path)
     described = json.loads((cache / f"{summary['key']}.inputs.json").read_text())
     assert described["inputs"]["consistent"] is True
     assert described["inputs"]["topology.world_size"] == 2
+    # Which table got which layout: every table once, its type, kernel, ranks and shards.
+    tables = summary["tables"]
+    assert len(tables) == 12 and len({(t["module"], t["table"]) for t in tables}) == 12
+    by_type: dict[str, int] = {}
+    for t in tables:
+        by_type[t["sharding_type"]] = by_type.get(t["sharding_type"], 0) + 1
+        assert t["compute_kernel"] in summary["tables_by_kernel"]
+        if t["sharding_type"] == "data_parallel":
+            assert t["shards"] is None and t["ranks"] == [0, 1]
+        else:
+            assert t["shards"] and sorted({r for r, _, _ in t["shards"]}) == t["ranks"]
+            assert all(len(offsets) == len(sizes) == 2 for _, offsets, sizes in t["shards"])
+    assert by_type == summary["tables_by_type"]
     before = entry.read_bytes()
 
     # The job: 2 ranks, same factory, plan_cache pointing at the directory. It traces itself.
@@ -167,6 +180,46 @@ def test_a_different_job_misses_and_says_which_input(
         plan_ahead(build(), cache, world_size=2, local_world_size=2, device=cpu)
     again = plan_ahead(build(), cache, world_size=2, local_world_size=2, device=cpu, force=True)
     assert again.status == "replaced" and again.key == planned
+
+
+def _fill_cache(model_ref: str, cache_dir: str) -> bool:
+    import fastinit
+    from fastinit.cli import load_factory
+
+    fastinit.setup(load_factory(model_ref)(), plan_cache=cache_dir, seed=3)
+    return True
+
+
+def test_a_job_describes_the_entry_it_writes_as_fastinit_plan_does(
+    tmp_path: pathlib.Path,
+) -> None:
+    import torch
+
+    from fastinit.cli import load_factory, plan_ahead
+    from fastinit.plan.provenance import explain_miss
+    from fastinit.startup import plan_key
+
+    (tmp_path / "my_model.py").write_text(MODEL_PY)
+    ref = f"{tmp_path / 'my_model.py'}:build"
+    cpu = torch.device("cpu")
+    planned = plan_ahead(
+        load_factory(ref)(), tmp_path / "planned", world_size=2, local_world_size=2, device=cpu
+    )
+    assert planned.inputs is not None
+    # A job on a cold cache plans, fills the cache, and describes the entry as `plan` does.
+    job_cache = tmp_path / "job"
+    run_ranks(_fill_cache, 2, args=(ref, str(job_cache)), timeout=300)
+    assert (job_cache / f"{planned.key}.fiplan").is_file()
+    by_job = json.loads((job_cache / f"{planned.key}.inputs.json").read_text())
+    by_plan = json.loads(pathlib.Path(planned.inputs).read_text())
+    assert by_job["key"] == by_plan["key"] == planned.key
+    assert by_job["inputs"] == by_plan["inputs"] and by_job["inputs"]["consistent"] is True
+    assert by_job["written_by"] == "fastinit.setup"
+    # So a later job that differs is told which input, from the job-written entry.
+    build = load_factory(ref)
+    key4 = plan_key(build(), world_size=4, local_world_size=2, device=cpu)
+    line = explain_miss(job_cache, build(), key4)
+    assert "(fastinit.setup," in line and "topology.world_size: planned 2, now 4" in line
 
 
 PLANNER_PY = textwrap.dedent(

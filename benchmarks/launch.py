@@ -3,9 +3,11 @@ and the floor (torchrun), on ``nproc`` ranks of this host, every address 127.0.0
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -175,20 +177,21 @@ def run_floor(spec: RunSpec, plan_file: str) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str], spec: RunSpec) -> tuple[bool, str]:
+    """Run ``cmd`` in a session of its own; on timeout, kill the session (torchrun and every
+    worker it started: a hung worker must not outlive its run)."""
     log = os.path.join(spec.out, "launch.log")
     with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            proc = subprocess.run(
-                cmd,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=spec.timeout_s,
-                check=False,
-            )
+            code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             return False, f"timed out after {spec.timeout_s:.0f}s; log {log}"
-    return proc.returncode == 0, f"exit code {proc.returncode}; log {log}"
+    return code == 0, f"exit code {code}; log {log}"
 
 
 def _run_torchx(app: Any, spec: RunSpec, env: dict[str, str]) -> tuple[bool, str]:

@@ -151,7 +151,8 @@ import json, os, sys, torch, torch.distributed as dist
 import fastinit
 fastinit.init_process_group("gloo", init_timeout=60)
 t = torch.ones(1); dist.all_reduce(t)
-print(json.dumps({"sum": t.item(), "world": dist.get_world_size()}))
+print(json.dumps({"sum": t.item(), "world": dist.get_world_size()}), flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -193,13 +194,13 @@ def test_the_group_lives_under_the_rounds_prefix(tmp_path: pathlib.Path) -> None
                 [sys.executable, "-c", _WORKER],
                 env=env,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,
                 text=True,
             )
         )
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+    outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    for out in outs:
+    for out, _ in outs:
         assert json.loads(out.strip().splitlines()[-1]) == {"sum": 2.0, "world": 2}
     token = json.loads(server.get(rendezvous.ROUND_KEY.format(run_id="job")))["token"]
     prefix = rendezvous.round_prefix("job", token) + "/"

@@ -125,6 +125,12 @@ def test_init_timeout_is_checked_before_any_connection(monkeypatch: pytest.Monke
         assert "FASTINIT_INIT_TIMEOUT" in str(info.value) and repr(bad) in str(info.value)
     with pytest.raises(ValueError, match="init_timeout"):
         fastinit.init_process_group("gloo", init_timeout=-1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="default process group twice"):
+            fastinit.init_process_group("gloo")
+    finally:
+        dist.destroy_process_group()
     monkeypatch.delenv("MASTER_ADDR")
     with pytest.raises(ValueError, match="MASTER_ADDR not set"):
         fastinit.init_process_group("gloo")

@@ -124,8 +124,9 @@ def init_process_group(
 
     Raises:
         ValueError: ``init_timeout`` (or ``FASTINIT_INIT_TIMEOUT``) is not a finite number of
-            seconds in (0, 86400], or the torchelastic environment lacks ``RANK``,
-            ``WORLD_SIZE``, ``MASTER_ADDR`` or ``MASTER_PORT``; raised before any connection.
+            seconds in (0, 86400], the torchelastic environment lacks ``RANK``, ``WORLD_SIZE``,
+            ``MASTER_ADDR`` or ``MASTER_PORT``, or the default group exists already (torch's
+            message); raised before any connection.
         fastinit.StartupError: the ranks did not agree on a round within ``init_timeout`` (rank
             0 names the ranks that never joined; another rank says whose record it last saw).
         RuntimeError: whatever torch raises while making the group.
@@ -153,6 +154,8 @@ def init_process_group(
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend, device_id=device, **extra)
         return
+    if dist.is_initialized():  # torch's own error, before this rank joins (or leads) a round
+        raise ValueError("trying to initialize the default process group twice!")
     env = _ElasticEnv.from_environ()
     deadline = time.monotonic() + bound
     t0 = time.perf_counter()

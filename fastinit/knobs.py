@@ -34,9 +34,10 @@ KNOBS: dict[str, str] = {
     "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
     "rank raises (default 300; a finite number in (0, 86400]).",
     "FASTINIT_INIT_TIMEOUT": "Seconds `fastinit.init_process_group` may take in all under torchrun or "
-    "torchx (agreeing on the restart round, the store, the backend's connections) before the "
-    "worker raises, or exits with code 124 where torch cannot be interrupted (default 300; a "
-    "finite number in (0, 86400]).",
+    "torchx (agreeing on the restart round, the store, the backend's connections: NCCL's "
+    "communicator too, on a group bound to its device) before the worker raises, or exits with "
+    "code 124 where torch cannot be interrupted (default 600, torch's NCCL timeout; a finite "
+    "number in (0, 86400]).",
     "FASTINIT_TORCHREC_SRC": "A TorchRec source tree at the installed version: `make peer` runs its "
     "model-parallel tests with `fastinit.setup` swapped in, and so does a slow test.",
     "FASTINIT_PORT_CHECK": "What a TorchRec/torch function fastinit mirrors whose installed source "
@@ -110,7 +111,7 @@ def get_init_timeout() -> float:
     Raises:
         ValueError: the knob is not a finite number of seconds in ``(0, 86400]``, naming it.
     """
-    return _seconds("FASTINIT_INIT_TIMEOUT", 300.0)
+    return _seconds("FASTINIT_INIT_TIMEOUT", 600.0)
 
 
 def check_seconds(name: str, value: object) -> float:

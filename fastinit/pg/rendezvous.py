@@ -28,7 +28,7 @@ for until five times the group's timeout (gloo's ``tcp/pair.h``): a hang torchru
 2. **The group on those keys.** ``torch.distributed.init_process_group`` with
    ``PrefixStore("fastinit/<run id>/<token>", agent store)``: gloo's records, barrier counters and
    every later ``new_group``'s keys (TorchRec's, DCP's) live under the round's prefix.
-3. **Every wait bounded** by ``init_timeout`` (``FASTINIT_INIT_TIMEOUT``, default 300 s): the
+3. **Every wait bounded** by ``init_timeout`` (``FASTINIT_INIT_TIMEOUT``, default 600 s): the
    store connection, the agreement (a clear :class:`~fastinit.errors.StartupError` on the rank that
    gives up), and the backend's connections, which torch cannot interrupt: past the bound a
    watchdog prints every thread's stack and ends the worker with exit code
@@ -117,7 +117,7 @@ def init_process_group(
         pg_options: backend options, passed to torch as they are.
         init_timeout: seconds this call may take in all under torchelastic (agreeing on the round,
             connecting to the store and the backend's connections); None:
-            ``FASTINIT_INIT_TIMEOUT`` (default 300). A rank that gives up during the agreement
+            ``FASTINIT_INIT_TIMEOUT`` (default 600). A rank that gives up during the agreement
             raises; a backend connection still running past it ends the worker with exit code
             :data:`EXIT_INIT_TIMEOUT` (torch cannot interrupt it), stacks printed first, so that
             torchrun restarts the job instead of waiting for ever.

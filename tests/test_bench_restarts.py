@@ -49,3 +49,39 @@ def test_summarize_and_report() -> None:
     assert "| 2 | stock-best | **1/3** | 1 | 1 | 9.0 | 9.0 | 9.0 |" in text
     assert "| 4 | fastinit | **0/1** | 1 | 0 | – |" in text
     assert "stock-best, 2 ranks, cycle 2: hang (run fastinit/small/recover failed" in text
+
+
+def test_a_timed_out_run_takes_its_workers_with_it(tmp_path) -> None:
+    """torchrun starts workers in sessions of their own; a run killed on timeout must not leave
+    them behind (a hung restart's workers otherwise wait for hours)."""
+    import os
+    import sys
+    import time
+
+    from benchmarks.launch import RunSpec, _run
+
+    pidfile = tmp_path / "worker.pid"
+    launcher = (
+        "import subprocess, sys, time\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+        "time.sleep(300)\n"
+    )
+    spec = RunSpec(
+        mode="fastinit", model="tiny", cache="cold", out=str(tmp_path), inductor_dir="", timeout_s=5
+    )
+    ok, detail = _run([sys.executable, "-c", launcher], dict(os.environ), spec)
+    assert not ok and "timed out" in detail
+    worker = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # a zombie of init's: gone
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker {worker} outlived its run")

@@ -32,8 +32,9 @@ from fastinit.errors import StartupError
 from fastinit.pg import rendezvous
 from fastinit.testing.dist import free_port
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-JOB = REPO / "tests" / "restart_job.py"
+HERE = pathlib.Path(__file__).resolve()
+JOB = HERE.with_name("restart_job.py")  # beside this file, wherever tests/ is arranged
+REPO = next(p for p in HERE.parents if (p / "pyproject.toml").exists())
 
 
 def _server() -> Any:

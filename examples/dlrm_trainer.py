@@ -106,11 +106,13 @@ class Trainer:
     def process_group_init(self, device: Any) -> None:
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        import fastinit
+
+        if not dist.is_initialized():  # under torchrun: this restart round's keys only
             if device.type == "cuda":  # torch 2.15's nccl backend needs each rank's device here
-                dist.init_process_group("nccl", device_id=device)
+                fastinit.init_process_group("nccl", device_id=device)
             else:
-                dist.init_process_group("gloo")
+                fastinit.init_process_group("gloo")
 
     def preproc_creation(self) -> Any:
         """The data pipeline: TorchRec's RandomRecDataset, its features in the pipeline's order."""

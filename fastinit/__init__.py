@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "setup",
+    "init_process_group",
     "StartupError",
     "StartupMismatchError",
     "PlanMismatchError",
@@ -21,6 +22,7 @@ __all__ = [
 if TYPE_CHECKING:
     from fastinit import knobs, trace
     from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+    from fastinit.pg.rendezvous import init_process_group
     from fastinit.startup import setup
 
 _STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
@@ -44,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from fastinit.startup import setup
 
         return setup
+    if name == "init_process_group":
+        from fastinit.pg.rendezvous import init_process_group
+
+        return init_process_group
     if name in _STARTUP:
         from fastinit import errors
 

@@ -17,6 +17,8 @@ __all__ = [
     "get_trace_dir",
     "get_compile_cache",
     "get_collective_timeout",
+    "get_init_timeout",
+    "check_seconds",
     "get_torchrec_src",
     "get_port_check",
     "get_vec_isa_record",
@@ -33,6 +35,11 @@ KNOBS: dict[str, str] = {
     "FASTINIT_COMPILE_CACHE": "Directory of the compiled-artifact cache used by `fastinit.warmup`.",
     "FASTINIT_COLLECTIVE_TIMEOUT": "Seconds a start-up collective may wait for a peer before every "
     "rank raises (default 300; a finite number in (0, 86400]).",
+    "FASTINIT_INIT_TIMEOUT": "Seconds `fastinit.init_process_group` may take in all under torchrun or "
+    "torchx (agreeing on the restart round, the store, the backend's connections: NCCL's "
+    "communicator too, on a group bound to its device) before the worker raises, or exits with "
+    "code 124 where torch cannot be interrupted (default 600, torch's NCCL timeout; a finite "
+    "number in (0, 86400]).",
     "FASTINIT_TORCHREC_SRC": "A TorchRec source tree at the installed version: `make peer` runs its "
     "model-parallel tests with `fastinit.setup` swapped in, and so does a slow test.",
     "FASTINIT_PORT_CHECK": "What a TorchRec/torch function fastinit mirrors whose installed source "
@@ -142,21 +149,39 @@ def get_collective_timeout() -> float:
         ValueError: the knob is not a finite number of seconds in ``(0, 86400]`` (``nan``,
             ``inf`` and ``1e999`` included), naming the value.
     """
-    value = _get("FASTINIT_COLLECTIVE_TIMEOUT")
-    if value is None:
-        return 300.0
+    return _seconds("FASTINIT_COLLECTIVE_TIMEOUT", 300.0)
+
+
+def get_init_timeout() -> float:
+    """Seconds ``fastinit.init_process_group`` may take in all under torchelastic.
+
+    Raises:
+        ValueError: the knob is not a finite number of seconds in ``(0, 86400]``, naming it.
+    """
+    return _seconds("FASTINIT_INIT_TIMEOUT", 600.0)
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as seconds, if it is a finite number in ``(0, 86400]``.
+
+    Raises:
+        ValueError: anything else (``nan``, ``inf``, ``1e999``, a word), naming ``name``.
+    """
     try:
-        seconds = float(value)
-    except ValueError as e:
-        raise ValueError(
-            f"FASTINIT_COLLECTIVE_TIMEOUT must be a number of seconds, got {value!r}"
-        ) from e
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from e
     if not math.isfinite(seconds) or not 0 < seconds <= MAX_COLLECTIVE_TIMEOUT:
         raise ValueError(
-            f"FASTINIT_COLLECTIVE_TIMEOUT must be a finite number of seconds in "
+            f"{name} must be a finite number of seconds in "
             f"(0, {MAX_COLLECTIVE_TIMEOUT:g}], got {value!r}"
         )
     return seconds
+
+
+def _seconds(name: str, default: float) -> float:
+    value = _get(name)
+    return default if value is None else check_seconds(name, value)
 
 
 @contextlib.contextmanager

@@ -28,9 +28,9 @@ import os
 import time
 from typing import Any
 
+from benchmarks.parts.report import VARIANTS, Variant, format_parts, parts_rows, project_parts
 from benchmarks.ttfb.analysis import analyse_run, summarize
 from benchmarks.ttfb.launch import RunSpec, run_trainer
-from benchmarks.parts.report import VARIANTS, Variant, format_parts, parts_rows, project_parts
 from benchmarks.ttfb.scenarios import Layout, prepare, snapshot_primed
 
 __all__ = ["run_parts", "render", "main"]
@@ -190,4 +190,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(render(args.render))
         return {}
     return run_parts(args)
-

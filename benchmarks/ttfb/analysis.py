@@ -333,18 +333,27 @@ _RECOVER_KEYS = (
 
 
 def summarize_recover(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Medians over the repeats of one (model, mode) in the recover scenario."""
+    """Medians over the repeats of one (model, mode) in the recover scenario that came back
+    (NaN where none did); ``recovered`` of ``repeats`` came back, ``hangs`` ran out of time.
+
+    A repeat that did not come back is ``{"recovered": False, "outcome": "failed" | "hang",
+    "detail": ...}`` (:func:`benchmarks.ttfb.main.run_recover`)."""
     med = statistics.median
-    out: dict[str, Any] = {k: med(float(r[k]) for r in runs) for k in _RECOVER_KEYS}
+    ok = [r for r in runs if r.get("recovered", True)]
+    nan = float("nan")
+    out: dict[str, Any] = {k: med(float(r[k]) for r in ok) if ok else nan for k in _RECOVER_KEYS}
     out.update(
         repeats=len(runs),
-        recover_all_s=[r["recover_s"] for r in runs],
-        stages_s={s: med(r["stages_s"][s] for r in runs) for s in TIMELINE},
-        save_how=runs[0]["save_how"],
-        resumed_from_step=runs[0]["resumed_from_step"],
-        losses_equal=all(r["losses_equal"] for r in runs),
-        losses_compared=sum(r["losses_compared"] for r in runs),
-        info=runs[0]["ranks"][0]["info"],
+        recovered=len(ok),
+        hangs=sum(1 for r in runs if r.get("outcome") == "hang"),
+        not_recovered=[str(r.get("detail", "")) for r in runs if not r.get("recovered", True)],
+        recover_all_s=[r["recover_s"] for r in ok],
+        stages_s={s: med(r["stages_s"][s] for r in ok) if ok else nan for s in TIMELINE},
+        save_how=ok[0]["save_how"] if ok else "",
+        resumed_from_step=ok[0]["resumed_from_step"] if ok else None,
+        losses_equal=all(r["losses_equal"] for r in ok),
+        losses_compared=sum(r["losses_compared"] for r in ok),
+        info=ok[0]["ranks"][0]["info"] if ok else {},
     )
     return out
 
@@ -369,6 +378,11 @@ def recover_rows(
                 "fastinit_start_s": start.get("fastinit", {}).get("ttfb_s", nan),
                 "losses_equal": b["losses_equal"] and f["losses_equal"],
                 "losses_compared": b["losses_compared"] + f["losses_compared"],
+                **{
+                    f"{key}_{k}": m.get(k, m.get("repeats", 1) if k == "recovered" else 0)
+                    for key, m in (("best", b), ("fastinit", f))
+                    for k in ("recovered", "repeats", "hangs")
+                },
                 **{f"best_{k}": b[k] for k in _RECOVER_KEYS if k != "recover_s"},
                 **{f"fastinit_{k}": f[k] for k in _RECOVER_KEYS if k != "recover_s"},
             }

@@ -3,15 +3,17 @@ and the floor (torchrun), on ``nproc`` ranks of this host, every address 127.0.0
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
-__all__ = ["RunSpec", "run_trainer", "run_floor", "trace_files"]
+__all__ = ["RunSpec", "run_trainer", "run_floor", "trace_files", "kill_tree"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -183,20 +185,53 @@ def run_floor(spec: RunSpec, plan_file: str) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str], spec: RunSpec) -> tuple[bool, str]:
+    """Run ``cmd`` in a session of its own; on timeout, kill it and every process it started
+    (torchrun starts each worker in a session of its own: a hung worker must not outlive its run)."""
     log = os.path.join(spec.out, "launch.log")
     with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            proc = subprocess.run(
-                cmd,
-                env=env,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=spec.timeout_s,
-                check=False,
-            )
+            code = proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
             return False, f"timed out after {spec.timeout_s:.0f}s; log {log}"
-    return proc.returncode == 0, f"exit code {proc.returncode}; log {log}"
+    return code == 0, f"exit code {code}; log {log}"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, from ``/proc`` (none where it is missing)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` (a session leader this module started), its session and every descendant,
+    whichever session they moved to. ``pid`` is stopped first, so it starts nothing meanwhile."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    for child in _descendants(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _run_torchx(app: Any, spec: RunSpec, env: dict[str, str]) -> tuple[bool, str]:

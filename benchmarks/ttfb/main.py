@@ -56,7 +56,7 @@ from benchmarks.ttfb.scenarios import (
 )
 from benchmarks.ttfb.trainer import MODES
 
-__all__ = ["BenchConfig", "run_bench", "prime", "run_single", "main"]
+__all__ = ["BenchConfig", "run_bench", "run_recover", "prime", "run_single", "main"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -143,7 +143,7 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
                     if mode in RECOVER_MODES:
                         out = os.path.join(config.out, "runs", model, scenario, mode, f"r{r}")
                         runs[scenario][mode].append(
-                            _recover(config, layouts[mode], model, out, f"r{r}")
+                            run_recover(config, layouts[mode], model, out, f"r{r}")
                         )
                     continue
                 if scenario == "new-hosts" and mode == "stock" and config.reuse_stock_cold:
@@ -171,11 +171,13 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
     return runs
 
 
-def _recover(
+def run_recover(
     config: BenchConfig, layout: Layout, model: str, out: str, label: str
 ) -> dict[str, Any]:
     """One recover run (:data:`benchmarks.ttfb.scenarios.RECOVER`): the job under torchrun with
-    restarts, a checkpoint, a rank killed, every worker restarted and resumed."""
+    restarts, a checkpoint, a rank killed, every worker restarted and resumed. A restart that did
+    not come back (the job failed, or outlived ``config.timeout_s``: a hang) returns
+    ``{"recovered": False, "outcome": "failed" | "hang", "detail": ...}`` instead of raising."""
     from benchmarks.ttfb.faults import KillAt, read_kill
 
     prepare(layout, "recover")
@@ -190,7 +192,15 @@ def _recover(
         env=kill.env(),
     )
     t = time.monotonic()
-    paths = run_trainer(spec)
+    try:
+        paths = run_trainer(spec)
+    except RuntimeError as e:  # the restart did not come back: counted, not fatal
+        outcome = "hang" if "timed out" in str(e) else "failed"
+        _say(
+            f"  {model:<7}{'recover':<11}{layout.mode:<11}{label}  NOT RECOVERED ({outcome}; "
+            f"run {time.monotonic() - t:5.1f} s): {e}"
+        )
+        return {"recovered": False, "outcome": outcome, "detail": str(e)}
     if not os.path.exists(kill_file):
         raise RuntimeError(f"recover {layout.mode}/{model}: no rank was killed ({kill_file})")
     saves, before = [], {}
@@ -204,6 +214,7 @@ def _recover(
                 rank = int(name[len("losses-a0-rank") : -len(".json")])
                 before[rank] = {int(k): float(v) for k, v in json.load(f).items()}
     result = analyse_recover(paths, read_kill(kill_file), saves, before)
+    result.update(recovered=True, outcome="recovered")
     _say(
         f"  {model:<7}{'recover':<11}{layout.mode:<11}{label}  recovered "
         f"{result['recover_s']:6.1f} s  (kill -> restart {result['restart_s']:.1f} s, "
@@ -400,7 +411,9 @@ def run_single(mode: str, model: str, cache: str, config: BenchConfig) -> dict[s
     if cache == "recover":
         if mode == "stock":
             raise SystemExit(f"the recover scenario runs {' and '.join(RECOVER_MODES)}, not stock")
-        res = _recover(config, layout, model, os.path.join(layout.root, "run-recover"), "")
+        res = run_recover(config, layout, model, os.path.join(layout.root, "run-recover"), "")
+        if not res.get("recovered", True):
+            raise SystemExit(f"{mode} {model} recover: the restart did not come back")
         _say(
             f"{mode} {model} recover, {config.nproc} ranks: time to recover {res['recover_s']:.2f} s"
             f" (kill -> restarted processes {res['restart_s']:.2f} s, their start-up to the first "

@@ -87,6 +87,11 @@ def targets(
             out.append(
                 Target(f"{where}: time to recover, fastinit / stock-best", r["vs_best"], 1.0, False)
             )
+        if "fastinit_repeats" in r:  # every restart comes back (issue 34)
+            missed = float(r["fastinit_repeats"] - r["fastinit_recovered"])
+            out.append(
+                Target(f"{where}: fastinit restarts that did not come back", missed, 0, False)
+            )
     for r in rows:
         where = f"{r['model']} / {r['scenario']}, {nproc} ranks"
         if r["scenario"] != "cold" and not math.isnan(r["vs_best"]):
@@ -252,6 +257,23 @@ def format_recover(rows: Sequence[Mapping[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _format_came_back(rows: Sequence[Mapping[str, Any]]) -> str:
+    """How many restarts came back (times above are over those); empty for old summaries."""
+    if not rows or "fastinit_repeats" not in rows[0]:
+        return ""
+    parts = []
+    for r in rows:
+        each = []
+        for mode, key in (("stock-best", "best"), ("fastinit", "fastinit")):
+            hangs = int(r[f"{key}_hangs"])
+            each.append(
+                f"{mode} {r[f'{key}_recovered']}/{r[f'{key}_repeats']}"
+                + (f" ({hangs} hung)" if hangs else "")
+            )
+        parts.append(f"{r['model']}: " + ", ".join(each))
+    return "\nRestarts that came back (the times are over these): " + "; ".join(parts) + ".\n"
+
+
 def _format_recover_parts(rows: Sequence[Mapping[str, Any]]) -> str:
     head = (
         "| model | mode | kill → restarted processes s | their start-up to the first batch s "
@@ -302,6 +324,7 @@ def recover_section(summary: Mapping[str, Any]) -> str:
         + " and resumes with `fastinit.checkpoint.load` as a stage beside the data "
         "pipeline.\n",
         format_recover(rows),
+        _format_came_back(rows),
         "\nLosses after the resume against the same steps trained before the kill (from the "
         "same checkpoint state): "
         + "; ".join(

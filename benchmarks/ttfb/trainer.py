@@ -46,9 +46,11 @@ in every worker) reading a synthetic Criteo-style dataset from files
 (:mod:`benchmarks.ttfb.data`), a compiled dense + over arch, a fused embedding optimizer
 (EXACT_ROWWISE_ADAGRAD in the TBE kernels), a dense Adagrad, ``TrainPipelineSparseDist``.
 
-The process group is initialised here from torchrun's ``MASTER_ADDR``/``MASTER_PORT`` with a
-``TCPStore`` (hosted by rank 0, or torchrun's agent store when ``TORCHELASTIC_USE_AGENT_STORE``),
-wrapped by the tracer so every store operation counts.
+The process group: stock and stock-best make it as ``init_process_group`` does on
+``env://`` (torch's rendezvous, the ``default_pg`` prefix: after a restart under torchrun they read
+what the dead attempt left in the agent's store, as a stock trainer does; ``patches/torch``);
+fastinit mode calls :func:`fastinit.init_process_group` (this restart round's keys only). Either
+way the tracer wraps the store, so every store operation counts.
 """
 
 from __future__ import annotations
@@ -328,24 +330,26 @@ class _Trainer:
         import torch.distributed as dist
 
         timeout = timedelta(seconds=self.config.pg_timeout_s)
-        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        store: Any = dist.TCPStore(
-            os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            int(os.environ["MASTER_PORT"]),
-            self.world_size,
-            is_master=self.rank == 0 and not agent_store,
-            timeout=timeout,
-        )
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = self.tracer.wrap_store(dist.PrefixStore(f"ttfb/{restart}", store))
         backend = "nccl" if device.type == "cuda" else "gloo"
+        device_id = device if device.type == "cuda" else None
+        if self.config.mode == "fastinit":
+            import fastinit
+
+            # Under torchrun, this restart round's keys only (the tracer counts its store ops).
+            fastinit.init_process_group(backend, timeout=timeout, device_id=device_id)
+            return device
+        # stock, stock-best: what init_process_group does on env://, key for key (torch's own
+        # rendezvous and its "default_pg" prefix), with the store counted by the tracer.
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
+        store = dist.PrefixStore("default_pg", self.tracer.wrap_store(store))
         dist.init_process_group(
             backend,
             store=store,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=rank,
+            world_size=world_size,
             timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
+            device_id=device_id,
         )
         return device
 

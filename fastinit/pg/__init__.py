@@ -1,13 +1,15 @@
-"""Process groups: only those a sharding plan needs, created only on their members.
+"""Process groups: the default one made so that every restart comes back, and only the groups a
+sharding plan needs, created only on their members.
 
 ``import fastinit.pg`` loads neither torch nor torchrec; the names below load
-:mod:`fastinit.pg.registry` on first use. See that module for the API and ``docs/pg.md`` for the
-cost model.
+:mod:`fastinit.pg.rendezvous` (``init_process_group``) or :mod:`fastinit.pg.registry` (the rest)
+on first use. See those modules for the API and ``docs/pg.md`` for the cost model.
 
 Example::
 
     import fastinit.pg
 
+    fastinit.pg.init_process_group()  # under torchrun: this restart round's keys only
     fastinit.pg.prepare_for_plan(plan)  # before DistributedModelParallel(..., plan=plan)
 """
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
         plan_sharding_types,
         prepare_for_plan,
     )
+    from fastinit.pg.rendezvous import init_process_group
 
 __all__ = [
     "NODE_GROUP_SHARDING_TYPES",
@@ -35,6 +38,7 @@ __all__ = [
     "NodeGroups",
     "clear_cache",
     "ensure_node_groups",
+    "init_process_group",
     "node_group_ranks",
     "node_groups",
     "plan_needs_node_groups",
@@ -44,6 +48,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "init_process_group":
+        from fastinit.pg.rendezvous import init_process_group
+
+        return init_process_group
     if name in __all__:
         from fastinit.pg import registry
 

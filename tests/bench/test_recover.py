@@ -194,3 +194,29 @@ def test_recover_end_to_end(tmp_path: pathlib.Path, mode: str) -> None:
         ref = {int(k): float(v) for k, v in bench_rec["losses"].items()}
         for step, loss in res["losses"][trace.rank].items():
             assert ref[step] == loss, (trace.rank, step)
+
+
+def test_restarts_that_did_not_come_back_are_counted(tmp_path: pathlib.Path) -> None:
+    """A recover repeat that failed or hung counts against its mode; the times are over the
+    repeats that came back, and fastinit's target is that none failed."""
+    from benchmarks.analysis import analyse_recover, recover_rows, summarize_recover
+
+    from benchmarks import report
+
+    after = {3: 0.5, 4: 0.25}
+    paths = [_trace(tmp_path, r, start=101.0, first=110.0, losses=after) for r in (0, 1)]
+    res = analyse_recover(paths, {"time": 100.0, "rank": 1, "step": 4, "attempt": 0}, [], {})
+    failed = {"recovered": False, "outcome": "failed", "detail": "exit code 1"}
+    hung = {"recovered": False, "outcome": "hang", "detail": "timed out after 900s"}
+    best = summarize_recover([failed, res, hung])
+    assert (best["recovered"], best["repeats"], best["hangs"]) == (1, 3, 1)
+    assert best["recover_s"] == pytest.approx(10.0)
+    none = summarize_recover([failed])
+    assert none["recovered"] == 0 and math.isnan(none["recover_s"])
+    rows = recover_rows(
+        {"small": {"stock-best": best, "fastinit": summarize_recover([res, failed])}}, {}
+    )
+    text = report.recover_section({"recover_table": rows, "recover": {}, "recover_plan": {}})
+    assert "stock-best 1/3 (1 hung), fastinit 1/2" in text
+    (missed,) = [t for t in report.targets([], 2, rows) if "did not come back" in t.what]
+    assert missed.measured == 1 and not missed.met

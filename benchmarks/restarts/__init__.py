@@ -1,0 +1,4 @@
+"""Kill-and-restart cycles under torchrun: stock-best against fastinit, recoveries, failures, hangs.
+
+python -m benchmarks.restarts --help
+"""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -24,4 +25,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     os._exit, as a crashed trainer would, so they keep them for a restart)."""
     from fastinit.checkpoint import tier
 
-    tier.reclaim(any_launcher=True)
+    tier.reclaim(launcher=os.getpid())  # this session's: others may run beside it

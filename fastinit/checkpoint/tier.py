@@ -89,10 +89,10 @@ def _mine() -> list[str]:
     return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
 
 
-def reclaim(*, any_launcher: bool = False) -> list[str]:
-    """Remove this user's buffers whose trainer and launcher are both gone (with
-    ``any_launcher``: whose trainer and writer are gone, the launcher alive or not: a test
-    session ending); their paths."""
+def reclaim(*, launcher: int | None = None) -> list[str]:
+    """Remove this user's buffers whose trainer, writer and launcher are all gone (and, with
+    ``launcher``, those whose trainer and writer are gone and whose launcher is that process: a
+    test session ending, other sessions' buffers untouched); their paths."""
     removed = []
     for path in _mine():
         try:
@@ -105,7 +105,7 @@ def reclaim(*, any_launcher: bool = False) -> list[str]:
             continue  # being created right now (the header comes after the allocation)
         if _alive(header.get("pid")) or _alive(header.get("writer")):
             continue
-        if not any_launcher and _alive(header.get("ppid")):
+        if header.get("ppid") != launcher and _alive(header.get("ppid")):
             continue
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -189,3 +189,32 @@ def test_failure_cause_is_the_workers_first_error() -> None:
     assert restarts.failure_cause(log.splitlines()[-1], "failed").startswith("torch.distributed")
     assert "outlived the timeout" in restarts.failure_cause(log.splitlines()[0], "hang")
     assert restarts.failure_cause("", "failed") == ""
+
+
+def test_the_recover_scenario_runs_with_max_restarts_1_on_both_launchers(
+    tmp_path, monkeypatch
+) -> None:
+    """``make bench``'s recover scenario (and so every cycle) launches as users write it:
+    ``torchrun --max-restarts 1``, also through the torchx component."""
+    import benchmarks.ttfb.main as ttfb
+    from benchmarks.ttfb.components import ttfb as component
+    from benchmarks.ttfb.launch import _torchrun
+    from benchmarks.ttfb.scenarios import Layout
+
+    specs = []
+
+    def fake_run(spec):
+        specs.append(spec)
+        raise RuntimeError("run failed (exit code 1)")
+
+    monkeypatch.setattr(ttfb, "run_trainer", fake_run)
+    for launcher in ("torchrun", "torchx"):
+        config = ttfb.BenchConfig(models=("tiny",), out=str(tmp_path), launcher=launcher)
+        layout = Layout(root=str(tmp_path / launcher), mode="fastinit")
+        res = ttfb.run_recover(config, layout, "tiny", str(tmp_path / "out"), "")
+        assert res["outcome"] == "failed"
+    assert [s.max_restarts for s in specs] == [1, 1]
+    cmd = " ".join(_torchrun(2, specs[0].max_restarts))
+    assert "--max-restarts 1 " in cmd
+    app = component(mode="fastinit", model="tiny", max_restarts=specs[1].max_restarts)
+    assert "torchrun --max_restarts 1 " in " ".join(app.roles[0].args)

@@ -290,11 +290,8 @@ def _command(argv: list[str] | None) -> str:
 _SETTINGS = ("model", "timeout_s", "compile")
 
 
-def build_summary(
-    records: Sequence[Mapping[str, Any]], config: Mapping[str, Any], command: str
-) -> dict[str, Any]:
-    """``summary.json`` from the cycles' records (read back from ``cycles.jsonl``, so a resumed
-    or re-rendered run gives the same summary as one that ran straight through)."""
+def check_settings(records: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> None:
+    """Refuse records that ran with other settings than ``config`` (those that carry them)."""
     for rec in records:
         for key in _SETTINGS:
             if key in rec and rec[key] != config[key]:
@@ -302,6 +299,14 @@ def build_summary(
                     f"cycle {rec['mode']}/{rec['nproc']}/{rec['cycle']} ran with {key}="
                     f"{rec[key]!r}, not {config[key]!r}: give the settings of the run"
                 )
+
+
+def build_summary(
+    records: Sequence[Mapping[str, Any]], config: Mapping[str, Any], command: str
+) -> dict[str, Any]:
+    """``summary.json`` from the cycles' records (read back from ``cycles.jsonl``, so a resumed
+    or re-rendered run gives the same summary as one that ran straight through)."""
+    check_settings(records, config)
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": command,
@@ -352,6 +357,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         done = []
     if args.render and not done:
         raise SystemExit(f"nothing to render: {path} has no records")
+    check_settings(done, config)  # before a resumed run adds cycles of other settings
     if not args.render:
         os.makedirs(args.work, exist_ok=True)
         run_cycles(

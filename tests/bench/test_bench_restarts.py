@@ -218,3 +218,18 @@ def test_the_recover_scenario_runs_with_max_restarts_1_on_both_launchers(
     assert "--max-restarts 1 " in cmd
     app = component(mode="fastinit", model="tiny", max_restarts=specs[1].max_restarts)
     assert "torchrun --max_restarts 1 " in " ".join(app.roles[0].args)
+
+
+def test_resume_refuses_other_settings_before_running_anything(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    import benchmarks.ttfb.main as ttfb
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _write(work / "cycles.jsonl", [{**_rec("fastinit", 2, 0, "hang"), "compile": False}])
+    monkeypatch.setattr(ttfb, "run_recover", lambda *a: pytest.fail("a cycle ran"))
+    monkeypatch.setattr(ttfb, "prime", lambda *a: pytest.fail("a layout was primed"))
+    with pytest.raises(SystemExit, match="compile=False, not True"):
+        restarts.main(["--resume", "--cycles", "1", "--nproc", "2", "--work", str(work)])
+    assert len((work / "cycles.jsonl").read_text().splitlines()) == 1

@@ -47,7 +47,14 @@ def test_summarize_and_report() -> None:
     }
     text = restarts.format_report(summary)
     assert "| 2 | stock-best | **1/3** | 1 | 1 | 9.0 | 9.0 | 9.0 |" in text
-    assert "| 4 | fastinit | **0/1** | 1 | 0 | – |" in text
+    assert "| 4 | fastinit | **0/1** | 1 | 0 | – | – | – | – |" in text
+    records[4]["losses_equal"] = False
+    text = restarts.format_report({**summary, "rows": restarts.summarize(records)})
+    assert (
+        "| 2 | fastinit | **3/3** | 0 | 0 | 7.0 | 6.0 | 8.0 | bit-equal in 2 of 3; **differ** in 1 |"
+        in text
+    )
+    assert "not equal to before the kill:\n\n- fastinit, 2 ranks, cycle 1\n" in text
     assert "stock-best, 2 ranks, cycle 2: hang (run fastinit/small/recover failed" in text
 
 
@@ -85,3 +92,144 @@ def test_a_timed_out_run_takes_its_workers_with_it(tmp_path) -> None:
         time.sleep(0.1)
     else:
         raise AssertionError(f"worker {worker} outlived its run")
+
+
+def _write(path, records) -> None:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_missing_cycles_in_the_order_a_full_run_takes_them() -> None:
+    done = [_rec("fastinit", 4, 0, "recovered", 1.0), _rec("stock-best", 4, 1, "failed")]
+    done += [_rec(m, 2, c, "recovered", 1.0) for m in restarts.MODES for c in range(3)]
+    assert restarts.missing_cycles(done, 3, 2) == []
+    assert restarts.missing_cycles(done, 3, 4) == [
+        (0, "stock-best"),
+        (1, "fastinit"),
+        (2, "stock-best"),
+        (2, "fastinit"),
+    ]
+
+
+def test_resume_runs_only_the_missing_cycles_and_render_reads_them_all(
+    tmp_path, monkeypatch
+) -> None:
+    """``--resume`` appends the missing cycles (priming only a layout that has no caches) and the
+    summary is built from the whole file; ``--render`` runs nothing and writes the same table."""
+    import json
+
+    import benchmarks.ttfb.main as ttfb
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    settings = {"model": "tiny", "timeout_s": 60.0, "compile": False}
+    old = [_rec("stock-best", 2, 0, "hang"), _rec("fastinit", 2, 0, "recovered", 5.0)]
+    old.append({**_rec("fastinit", 2, 1, "recovered", 7.0), **settings})  # a later record
+    _write(work / "cycles.jsonl", old)
+    (work / "one" / "fastinit-tiny-2" / "shared.primed").mkdir(parents=True)
+    ran, primed = [], []
+
+    def fake_recover(config, layout, model, out_dir, label):
+        assert (config.nproc, config.timeout_s, config.compile) == (2, 60.0, False)
+        ran.append((layout.mode, label))
+        return {"recovered": False, "outcome": "failed", "detail": "refused"}
+
+    monkeypatch.setattr(ttfb, "run_recover", fake_recover)
+    monkeypatch.setattr(ttfb, "prime", lambda mode, *a: primed.append(mode))
+    common = ["--cycles", "2", "--nproc", "2", "--model", "tiny", "--timeout", "60"]
+    common += ["--no-compile", "--work", str(work), "--out", str(out)]
+    summary = restarts.main(["--resume", *common])
+    assert ran == [("stock-best", "c1")] and primed == ["stock-best"]
+    lines = (work / "cycles.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[-1])["timeout_s"] == 60.0
+    row = {r["mode"]: r for r in summary["rows"]}
+    assert (row["stock-best"]["cycles"], row["stock-best"]["hung"]) == (2, 1)
+    assert (row["fastinit"]["recovered"], row["fastinit"]["recover_median_s"]) == (2, 6.0)
+    assert summary["command"] == "python -m benchmarks.restarts " + " ".join(common)
+    report = (out / "report.md").read_text()
+
+    ran.clear()
+    again = restarts.main(["--render", *common, "--note", "Cycle 1 ran later."])
+    assert ran == [] and json.dumps(again["rows"]) == json.dumps(summary["rows"])
+    rendered = (out / "report.md").read_text()
+    assert "\nNote: Cycle 1 ran later.\n" in rendered
+    undated = [line for line in report.splitlines() if not line.startswith(summary["date"])]
+    rendered = rendered.replace("\nNote: Cycle 1 ran later.\n", "").replace(again["date"], "")
+    assert [line for line in rendered.splitlines() if not line.startswith(",")] == undated
+    assert again["command"] == summary["command"]
+    assert json.loads((out / "summary.json").read_text())["cycles"] == summary["cycles"]
+
+
+def test_render_refuses_other_settings_and_an_empty_file(tmp_path) -> None:
+    import pytest
+
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["--render", "--work", str(work), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match="nothing to render"):
+        restarts.main(args)
+    _write(work / "cycles.jsonl", [{**_rec("fastinit", 2, 0, "hang"), "timeout_s": 60.0}])
+    with pytest.raises(SystemExit, match="timeout_s=60.0, not 600.0"):
+        restarts.main(args)
+
+
+def test_failure_cause_is_the_workers_first_error() -> None:
+    log = (
+        "W1203 05:03:31.512000 9225 torch/distributed/run.py:874] Setting OMP_NUM_THREADS\n"
+        "[E1203 03:50:18.919020837 ProcessGroupGloo.cpp:67] Gloo connectFullMesh failed with "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:152] timed out "
+        "connecting: SO_ERROR: Connection refused, remote=[127.0.0.1]:17327$1\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    )
+    assert restarts.failure_cause(log, "failed") == (
+        "Gloo connectFullMesh failed with timed out connecting: SO_ERROR: Connection refused, "
+        "remote=[127.0.0.1]:17327$1"
+    )
+    assert restarts.failure_cause(log.splitlines()[-1], "failed").startswith("torch.distributed")
+    assert "outlived the timeout" in restarts.failure_cause(log.splitlines()[0], "hang")
+    assert restarts.failure_cause("", "failed") == ""
+
+
+def test_the_recover_scenario_runs_with_max_restarts_1_on_both_launchers(
+    tmp_path, monkeypatch
+) -> None:
+    """``make bench``'s recover scenario (and so every cycle) launches as users write it:
+    ``torchrun --max-restarts 1``, also through the torchx component."""
+    import benchmarks.ttfb.main as ttfb
+    from benchmarks.ttfb.components import ttfb as component
+    from benchmarks.ttfb.launch import _torchrun
+    from benchmarks.ttfb.scenarios import Layout
+
+    specs = []
+
+    def fake_run(spec):
+        specs.append(spec)
+        raise RuntimeError("run failed (exit code 1)")
+
+    monkeypatch.setattr(ttfb, "run_trainer", fake_run)
+    for launcher in ("torchrun", "torchx"):
+        config = ttfb.BenchConfig(models=("tiny",), out=str(tmp_path), launcher=launcher)
+        layout = Layout(root=str(tmp_path / launcher), mode="fastinit")
+        res = ttfb.run_recover(config, layout, "tiny", str(tmp_path / "out"), "")
+        assert res["outcome"] == "failed"
+    assert [s.max_restarts for s in specs] == [1, 1]
+    cmd = " ".join(_torchrun(2, specs[0].max_restarts))
+    assert "--max-restarts 1 " in cmd
+    app = component(mode="fastinit", model="tiny", max_restarts=specs[1].max_restarts)
+    assert "torchrun --max_restarts 1 " in " ".join(app.roles[0].args)
+
+
+def test_resume_refuses_other_settings_before_running_anything(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    import benchmarks.ttfb.main as ttfb
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _write(work / "cycles.jsonl", [{**_rec("fastinit", 2, 0, "hang"), "compile": False}])
+    monkeypatch.setattr(ttfb, "run_recover", lambda *a: pytest.fail("a cycle ran"))
+    monkeypatch.setattr(ttfb, "prime", lambda *a: pytest.fail("a layout was primed"))
+    with pytest.raises(SystemExit, match="compile=False, not True"):
+        restarts.main(["--resume", "--cycles", "1", "--nproc", "2", "--work", str(work)])
+    assert len((work / "cycles.jsonl").read_text().splitlines()) == 1

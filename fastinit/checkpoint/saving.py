@@ -899,4 +899,5 @@ def staging_info() -> dict[str, Any]:
         "buffers": [] if pool is None else pool.buffers(),
         "allocated_s": 0.0 if pool is None else pool.allocated_s,
         "allocated_bytes": 0 if pool is None else pool.allocated_bytes,
+        "pinned_bytes": 0 if pool is None else pool.pinned_bytes(),
     }

@@ -194,6 +194,11 @@ class Segment:
             raise
         return cls(None, mm, size, fd)
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffer is page-locked for CUDA copies."""
+        return self._pinned
+
     def fileno(self) -> int:
         if self._fd is None:
             raise ValueError("a private buffer has no file")
@@ -467,6 +472,11 @@ class Pool:
         """``(state, save id, size, path)`` of every buffer."""
         with self._lock:
             return [(e.state, e.save_id, e.segment.size, e.segment.path) for e in self._entries]
+
+    def pinned_bytes(self) -> int:
+        """Bytes of the buffers that are page-locked."""
+        with self._lock:
+            return sum(e.segment.size for e in self._entries if e.segment.pinned)
 
     def release(self) -> None:
         """Unmap and remove every buffer (the job ended cleanly)."""

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from benchmarks.ttfb.analysis import (
+    NTH_BATCH,
     TIMELINE,
     analyse_floor,
     analyse_recover,
@@ -85,9 +86,10 @@ class BenchConfig:
     """Compile the dense arch (off only for tests)."""
     batch_size: int = 256
     """Samples per batch and rank."""
-    steps: int = 3
-    """Training steps per run: the first gives the time to first batch, the later ones (after
-    it, not timed into it) a steady-state compiled step to set the first one against."""
+    steps: int = NTH_BATCH
+    """Training steps per run: the first gives the time to first batch, the 20th the time to the
+    20th batch (the restart target), the ones between a steady-state step to set the first one
+    against."""
     timeout_s: float = 1200.0
     """Per-run timeout."""
 
@@ -454,7 +456,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
     parser.add_argument(
-        "--steps", type=int, default=3, help="steps per run (the later ones: a steady step)"
+        "--steps",
+        type=int,
+        default=NTH_BATCH,
+        help=f"steps per run (the {NTH_BATCH}th: the time to the {NTH_BATCH}th batch)",
     )
     single = parser.add_mutually_exclusive_group()
     single.add_argument(

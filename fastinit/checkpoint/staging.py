@@ -453,6 +453,7 @@ class Pool:
 
     def adopt(self, segment: Segment, save_id: str, *, tier: bool) -> None:
         """Take over a buffer an earlier process of this rank left (a restart on this host)."""
+        tier = tier and self.keep_tier  # with no tier kept, nothing would ever free it
         with self._lock:
             if len(self._entries) >= self.max_buffers:
                 segment.close()

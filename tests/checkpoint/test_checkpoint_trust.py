@@ -526,6 +526,20 @@ def test_writer_process_outlives_trainers_and_waits_are_bounded(tmp_path: Any) -
 # -- the host-memory tier --------------------------------------------------------------------------
 
 
+def test_an_adopted_buffer_is_reused_with_the_tier_off(tmp_path: Any) -> None:
+    """FASTINIT_CHECKPOINT_TIER=off keeps one buffer: a restarted worker that loaded the save
+    its predecessor's buffer holds adopts it, and its next save stages into it (it was kept as
+    "the tier", which nothing frees with the tier off: every later save failed)."""
+    from fastinit.checkpoint.staging import HEADER_BYTES, Layout, Pool, Segment
+
+    segment = Segment.create(str(tmp_path), "left-by-a-predecessor", HEADER_BYTES + (1 << 20))
+    pool = Pool(0, keep_tier=False, shared=False)
+    pool.adopt(segment, "a" * 32, tier=True)
+    layout = Layout(slots=(), size=HEADER_BYTES + 64)
+    assert pool.acquire(layout, "b" * 32, {"job": "test"}) is segment
+    pool.release()
+
+
 def _tier_save_rank(root: str) -> dict[str, Any]:
     import torch
 

@@ -137,8 +137,11 @@ class _Saver:
             tier.reclaim()
         loaded = tier.last_loaded()
         found = sorted(tier.adoptable(rank, _job()), key=lambda x: x[1] != loaded)  # tier first
+        writer = self.writer.proc.pid if isinstance(self.writer, WriterProcess) else None
+        owner = {"pid": os.getpid(), "ppid": os.getppid(), "writer": writer}
         for segment, save_id in found:
-            self.pool.adopt(segment, save_id or "", tier=save_id is not None and save_id == loaded)
+            tiered = save_id is not None and save_id == loaded
+            self.pool.adopt(segment, save_id or "", tier=tiered, owner=owner)
 
     def ensure_writer(self) -> WriterProcess | WriterThread:
         """The writer for the next job: a process while the buffers are shared, else (no

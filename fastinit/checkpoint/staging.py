@@ -451,14 +451,21 @@ class Pool:
             e.segment.close()
             e.segment.unlink()
 
-    def adopt(self, segment: Segment, save_id: str, *, tier: bool) -> None:
-        """Take over a buffer an earlier process of this rank left (a restart on this host)."""
+    def adopt(
+        self, segment: Segment, save_id: str, *, tier: bool, owner: dict[str, Any] | None = None
+    ) -> None:
+        """Take over a buffer an earlier process of this rank left (a restart on this host);
+        ``owner`` (``pid``, ``ppid``, ``writer``) goes into its header: a buffer whose header
+        still named the dead predecessor would be removed by any :func:`~fastinit.checkpoint.
+        tier.reclaim` (another job's, a test session's) while this process holds it."""
         tier = tier and self.keep_tier  # with no tier kept, nothing would ever free it
         with self._lock:
             if len(self._entries) >= self.max_buffers:
                 segment.close()
                 segment.unlink()  # a predecessor's buffer this process has no room for
                 return
+            if owner:
+                segment.write_header({**segment.read_header(), **owner})
             if tier:
                 for e in self._entries:
                     if e.state == "tier":

@@ -9,6 +9,7 @@ cases (every rank pays seconds of imports on this machine).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -538,6 +539,43 @@ def test_an_adopted_buffer_is_reused_with_the_tier_off(tmp_path: Any) -> None:
     layout = Layout(slots=(), size=HEADER_BYTES + 64)
     assert pool.acquire(layout, "b" * 32, {"job": "test"}) is segment
     pool.release()
+
+
+def test_an_adopted_buffer_names_its_new_owner() -> None:
+    """A restarted worker adopts the buffer its dead predecessor left; its header then names
+    the adopter, so another process's reclaim (a test session ending, another job starting)
+    leaves it alone (it named the dead predecessor, and a reclaim removed it under the worker:
+    its next save failed with FileNotFoundError)."""
+    import subprocess
+
+    from fastinit.checkpoint import saving, tier
+    from fastinit.checkpoint.staging import HEADER_BYTES, PREFIX, Pool, Segment, shm_dir
+
+    directory = shm_dir()
+    if directory is None:
+        pytest.skip("no /dev/shm")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"{PREFIX}.{os.getuid()}.test-adopt-{os.getpid()}.r0"
+    segment = Segment.create(directory, name, HEADER_BYTES + (1 << 20))
+    segment.write_header(
+        {"job": saving._job(), "pid": dead.pid, "ppid": os.getppid(), "writer": None,
+         "rank": 0, "save_id": "a" * 32}
+    )  # fmt: skip
+    segment.close()
+    saver = saving._Saver()
+    saver.pool = Pool(0, keep_tier=True, shared=True)
+    saver.writer = saving.WriterThread()
+    try:
+        saver._take_over(0)
+        assert [b[3] for b in saver.pool.buffers()] == [segment.path]
+        assert segment.path not in tier.reclaim(any_launcher=True)
+        assert os.path.exists(str(segment.path))
+    finally:
+        saver.pool.release()
+        saver.writer.close()
+        with contextlib.suppress(OSError):
+            os.unlink(str(segment.path))
 
 
 def _tier_save_rank(root: str) -> dict[str, Any]:

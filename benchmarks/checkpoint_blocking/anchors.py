@@ -31,6 +31,7 @@ __all__ = [
     "TORCH_CHECKPOINTING",
     "torch_checkpointing_available",
     "torch_checkpointing_manager",
+    "torch_checkpointing_loader",
     "local_tensors",
     "nbytes",
     "refusal",
@@ -169,6 +170,7 @@ def torch_checkpointing_manager(*, barrier: tuple[str, int] | None = None) -> An
     if barrier is not None:
         writer = CheckpointWriterConfig(
             barrier_config=TCPStoreBarrierConfig(
+                timeout_barrier_init_sec=600,
                 use_checkpoint_barrier_tcpstore_libuv=True,
                 tcpstore_port=barrier[1],
                 master_address=barrier[0],
@@ -190,6 +192,23 @@ def torch_checkpointing_manager(*, barrier: tuple[str, int] | None = None) -> An
         storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
     )
     return CheckpointManager(config)
+
+
+def torch_checkpointing_loader() -> Any:
+    """torch_checkpointing's ``CheckpointManager`` for loading only: a synchronous saver with no
+    barrier, so no writer process is started (its reads are the same)."""
+    from torch_checkpointing import CheckpointManager
+    from torch_checkpointing.checkpoint_writer import CheckpointWriterConfig
+    from torch_checkpointing.config import SyncCheckpointSaverConfig
+    from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+    writer = CheckpointWriterConfig(barrier_config=None, write_to_temp_dir=False)
+    return CheckpointManager(
+        CheckpointManager.Config(
+            save=SyncCheckpointSaverConfig(writer_config=writer),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False),
+        )
+    )
 
 
 def _items(value: Any, fqn: str) -> Iterator[tuple[str, Any]]:

@@ -10,12 +10,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks.ttfb.analysis import NTH_BATCH, TIMELINE
+from benchmarks.ttfb.heavy import section as heavy_section
 from benchmarks.ttfb.scenarios import RULES
 from benchmarks.ttfb.trainer import MODES
 
 __all__ = [
     "format_table",
     "format_targets",
+    "all_targets",
     "format_comm",
     "format_stages",
     "format_gaps",
@@ -115,6 +117,21 @@ def targets(
         if r["model"] == "large" and nproc == 4 and r["scenario"] == "cold":
             out.append(Target(f"{where}: fastinit / stock", r["vs_stock"], 0.3, False))
     return [dataclasses.replace(t, met=t.measured <= t.limit) for t in out]
+
+
+def all_targets(summary: Mapping[str, Any]) -> list[Target]:
+    """Every target of a summary: the time-to-first-batch and recover rows', and the
+    checkpoint-heavy scenario's (:func:`benchmarks.ttfb.heavy.targets`)."""
+    from benchmarks.ttfb import heavy
+
+    out = targets(
+        summary.get("table") or [], summary["config"]["nproc"], summary.get("recover_table") or []
+    )
+    out += [
+        Target(what, float(measured), float(limit), float(measured) <= limit)
+        for what, measured, limit in heavy.targets((summary.get("heavy") or {}).get("results", {}))
+    ]
+    return out
 
 
 def format_targets(ts: Sequence[Target]) -> str:
@@ -434,7 +451,7 @@ def write_report(summary: Mapping[str, Any], path: str) -> None:
         "the longest chain (process group → build → first step, beside the first batch).\n",
         format_table(rows),
         "\n## Targets\n",
-        format_targets(targets(rows, cfg["nproc"], summary.get("recover_table") or [])),
+        format_targets(all_targets(summary)),
         "\n## Scenarios (the same rules for every mode)\n",
         "\n".join(f"- **{k}**: {v_}." for k, v_ in RULES.items())
         + "\n\nShared storage: fastinit's cache root; stock-best's Inductor directory, compile "
@@ -481,6 +498,7 @@ def write_report(summary: Mapping[str, Any], path: str) -> None:
         "scenario; `trace.json`: every run in Perfetto / chrome://tracing.\n",
         ett_section(rows),
         recover_section(summary),
+        heavy_section(summary),
     ]
     with open(path, "w") as f:
         f.write("\n".join(text))

@@ -51,6 +51,7 @@ __all__ = [
     "section",
     "run",
     "main",
+    "write",
 ]
 
 #: The scenario's model (a key of :data:`benchmarks.ttfb.trainer.MODELS`).
@@ -501,7 +502,7 @@ def section(summary: Mapping[str, Any]) -> str:
             )
     stages = [lb for lb in labels if results[lb].get("stages_s")]
     if stages:
-        names = [n for n in results[stages[0]]["stages_s"]]
+        names = list(dict.fromkeys(n for lb in stages for n in results[lb]["stages_s"]))
         text.append(
             "\nThe restarted workers' start-up stages (s, median; fastinit's overlap, "
             "`checkpoint_prepare` starts the staging buffers' allocation on a thread of its own "
@@ -657,7 +658,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
     from benchmarks.ttfb.main import BenchConfig
-    from benchmarks.ttfb.report import Target, format_targets
     from benchmarks.ttfb.trainer import model_spec
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -693,27 +693,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": {"nproc": config.nproc, "compile": config.compile},
         "heavy": heavy,
     }
+    write(summary, args.results)
+    return summary
+
+
+def write(summary: Mapping[str, Any], results: str | None) -> str:
+    """The report of a :func:`main` summary (printed; with ``results``: summary.json and
+    report.md there)."""
+    from benchmarks.ttfb.report import Target, format_targets
+
+    heavy = summary["heavy"]
+    machine = summary["machine"]
     ts = [
         Target(w, float(m), float(lim), float(m) <= lim) for w, m, lim in targets(heavy["results"])
     ]
     text = [
         "# Checkpoint-heavy scenario\n",
-        f"Command: `{command}`; started {summary['started']} UTC, {summary['wall_s']:.0f} s; "
-        f"{os.cpu_count()} CPUs, load average {load_start[0]:.1f} at the start, "
-        f"{summary['machine']['load_avg_at_end'][0]:.1f} at the end; dense arch "
-        f"{'compiled' if config.compile else 'eager'}.\n",
+        f"Command: `{summary['command']}`; started {summary['started']} UTC, "
+        f"{summary['wall_s']:.0f} s; {machine['cpus']} CPUs, load average "
+        f"{machine['load_avg_at_start'][0]:.1f} at the start, {machine['load_avg_at_end'][0]:.1f} "
+        f"at the end; dense arch {'compiled' if summary['config']['compile'] else 'eager'}.\n",
         "## Targets\n",
         format_targets(ts),
         section(summary),
     ]
     print("\n".join(text), flush=True)
-    if args.results:
-        os.makedirs(args.results, exist_ok=True)
-        with open(os.path.join(args.results, "summary.json"), "w") as f:
+    if results:
+        os.makedirs(results, exist_ok=True)
+        with open(os.path.join(results, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1, default=str)
-        with open(os.path.join(args.results, "report.md"), "w") as f:
+        with open(os.path.join(results, "report.md"), "w") as f:
             f.write("\n".join(text) + "\n")
-    return summary
+    return "\n".join(text)
 
 
 if __name__ == "__main__":

@@ -83,9 +83,9 @@ def check_try(
     resumed: Mapping[int, Mapping[int, float]],
     resumed_from: Sequence[Any],
     saved: Mapping[int, float],
-    killed_at: float,
+    killed_at: Mapping[int, float],
 ) -> dict[str, Any]:
-    """One try's verdict (pure): every rank's save returned before the kill, every restarted
+    """One try's verdict (pure): every rank's save returned before its kill, every restarted
     rank resumed from ``save_step``, and its losses after it equal the reference's."""
     after = range(save_step + 1, steps + 1)
     compared = unequal = 0
@@ -94,7 +94,9 @@ def check_try(
             if step in resumed.get(rank, {}) and step in reference.get(rank, {}):
                 compared += 1
                 unequal += resumed[rank][step] != reference[rank][step]
-    returned = sorted(saved) == list(range(nproc)) and all(t <= killed_at for t in saved.values())
+    returned = sorted(saved) == sorted(killed_at) == list(range(nproc)) and all(
+        t <= killed_at[rank] for rank, t in saved.items()
+    )
     committed = len(resumed_from) == nproc and all(s == save_step for s in resumed_from)
     expected = nproc * len(after)
     return {
@@ -178,14 +180,17 @@ def run(ks: KillSave) -> dict[str, Any]:
             verdict: dict[str, Any] = {"passed": False, "error": "the job was not killed"}
         except RuntimeError:  # the job failed: its ranks killed themselves
             verdict = {}
-        if not verdict and not os.path.exists(kill_file):
-            verdict = {"passed": False, "error": "the job failed before the kill"}
+        kills = {r: f"{kill_file}.rank{r}" for r in range(ks.nproc)}
+        if not verdict and not all(os.path.exists(k) for k in kills.values()):
+            verdict = {"passed": False, "error": "the job failed before every rank's kill"}
         if verdict:
             tries.append({"try": i, **verdict})
             print(f"  try {i}: FAILED ({verdict['error']})", flush=True)
             continue
-        killed_at = read_kill(kill_file)["time"]
-        committed_after = _wait_committed(layout.checkpoint_dir, ks.mode, ks.save_step, killed_at)
+        killed_at = {r: read_kill(k)["time"] for r, k in kills.items()}
+        committed_after = _wait_committed(
+            layout.checkpoint_dir, ks.mode, ks.save_step, max(killed_at.values())
+        )
         resume_out = os.path.join(out, "resume")
         try:
             paths = run_trainer(_spec(ks, layout, resume_out))

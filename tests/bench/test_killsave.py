@@ -21,7 +21,7 @@ def _try(**over: Any) -> dict[str, Any]:
         "resumed": {r: dict(v) for r, v in ref.items()},
         "resumed_from": [3, 3],
         "saved": {0: 10.0, 1: 10.5},
-        "killed_at": 11.0,
+        "killed_at": {0: 10.1, 1: 10.6},
     }
     args.update(over)
     return killsave.check_try(**args)
@@ -36,9 +36,10 @@ def test_check_try() -> None:
     assert not off["bit_equal"] and not off["passed"]
     short = _try(resumed={0: {4: 0.5}, 1: {4: 0.5}})
     assert short["losses_compared"] == 2 and not short["passed"]  # steps missing
-    late = _try(saved={0: 10.0, 1: 12.0})  # a save returned after the kill
+    late = _try(saved={0: 10.0, 1: 12.0})  # a save returned after its rank's kill
     assert not late["saves_returned_before_kill"] and not late["passed"]
     assert not _try(saved={0: 10.0})["passed"]  # a rank's save never returned
+    assert not _try(killed_at={0: 10.1})["passed"]  # a rank not killed
     with pytest.raises(ValueError):
         killsave.KillSave(out="/x", save_step=6, steps=6)
 

@@ -58,7 +58,7 @@ def test_fault_every_rank(tmp_path: pathlib.Path) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == -9 and "alive" not in proc.stdout
-    assert faults.read_kill(str(record))["rank"] == 3
+    assert faults.read_kill(f"{record}.rank3")["rank"] == 3 and not record.exists()
 
 
 def test_recover_rules(tmp_path: pathlib.Path) -> None:

@@ -157,7 +157,9 @@ class Segment:
         """Map an existing buffer; only a regular file owned by this user that no one else can
         write or read (a buffer of another user, or one made readable, is never opened).
 
-        With ``writable=False`` the mapping is copy-on-write: reading shares the pages.
+        With ``writable=False`` the mapping is copy-on-write: reading shares the pages. With
+        ``writable=True`` (a buffer adopted for saves) its pages are mapped here (``MAP_POPULATE``),
+        so the first save into it does not fault them in on the loop.
 
         Raises:
             OSError: missing, not a regular file, a symlink, or not owner-only.
@@ -174,8 +176,12 @@ class Segment:
                 )
             if st.st_size < HEADER_BYTES:
                 raise OSError(f"{path} is too short to be a staging buffer")
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
-            mm = mmap.mmap(fd, st.st_size, access=access)
+            if writable:  # a buffer taken over for saves: its pages mapped now, not at a save
+                populate = getattr(mmap, "MAP_POPULATE", 0)
+                prot = mmap.PROT_READ | mmap.PROT_WRITE
+                mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | populate, prot=prot)
+            else:
+                mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
         except BaseException:
             os.close(fd)
             raise

@@ -92,19 +92,6 @@ def checkpoint_bytes(path: str) -> int:
     )
 
 
-def _rchar() -> int:
-    """Bytes this process has read through read(2) and friends (``/proc/self/io``), -1 if
-    unknown."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("rchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
 def _state(model: Any, optimizer: Any) -> dict[str, Any]:
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
@@ -324,6 +311,8 @@ def load(
             "verify_s": report.verify_s,
         }
     import torch.distributed.checkpoint as dcp
+
+    from benchmarks.resume_scale.main import _rchar
 
     state = _state(model, optimizer)
     before = _rchar()

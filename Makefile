@@ -74,10 +74,11 @@ test: $(if $(filter 1.8,$(STACK)),lint,$(STAMP))
 	$(PY) -m pytest $(if $(filter 1,$(SLOW)),,-m "not slow") $(TESTS) $(PYTEST_ARGS)
 
 # Time to first batch: stock, stock-best, fastinit and the floor, scenarios cold, new-hosts,
-# same-hosts and recover (a rank killed and resumed: time to recover, stock-best vs fastinit), repeated:
+# same-hosts and recover (a rank killed and resumed: time to recover, stock-best vs fastinit), repeated,
+# and the checkpoint-heavy scenario (benchmarks/ttfb/heavy.py; --heavy-repeats 0 in BENCH_ARGS: none):
 # bench-out/{summary.json,report.md,timeline.png,trace.json}. BENCH_ARGS="--models large --nproc 4".
 bench: $(STAMP)
-	$(PY) -m benchmarks.ttfb $(BENCH_ARGS)
+	$(PY) -m benchmarks.ttfb --heavy-repeats 1 $(BENCH_ARGS)
 
 # Leave scenario CACHE's caches in place for MODE (stock|stock-best|fastinit), MODEL and NPROC.
 .PHONY: prime

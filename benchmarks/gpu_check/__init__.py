@@ -11,9 +11,10 @@ Runs, in order, each in its own process with a time limit (:data:`benchmarks.gpu
    the compile cache with Triton;
 3. :mod:`benchmarks.gpu_check.ttfb`: the time-to-first-batch benchmark on NCCL, every mode, and
    the same-hosts restart running its compiled targets from their precompiled form;
-4. :mod:`benchmarks.checkpoint_blocking` with ``--device cuda --check``: ``fastinit.checkpoint``
-   on CUDA shards, staged into pinned memory, loaded back bit-equal
-   (``<out>/checkpoint_blocking.json``).
+4. :mod:`benchmarks.checkpoint_blocking` with ``--device cuda --check --max-vs-warm 2``:
+   ``fastinit.checkpoint`` on CUDA shards, staged into the reused page-locked buffers, every save
+   blocking at most twice a device-to-host copy of the same bytes into a warm page-locked
+   buffer, loaded back bit-equal (``<out>/checkpoint_blocking.json``).
 
 Each step also runs alone (``python -m benchmarks.gpu_check.startup`` ...).
 """

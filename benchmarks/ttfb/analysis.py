@@ -8,6 +8,7 @@ generic parts (loading, spans, which span an event fell in, counts, longest chai
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from fastinit.report import comm_counts, critical_path, load, stage_of
 
 __all__ = [
     "TIMELINE",
+    "NTH_BATCH",
+    "step_of",
     "analyse_run",
     "analyse_floor",
     "floor_of",
@@ -32,6 +35,10 @@ __all__ = [
 
 #: Spans drawn and tabulated: interpreter start + imports, the seven stages, the first step.
 TIMELINE: tuple[str, ...] = ("launch", *STAGES, "first_step")
+
+#: The batch whose time from process start the restart target is set on (issue 32 item 5: the
+#: pipeline fill and the first compiled steps are first-batch work; the 20th batch counts them).
+NTH_BATCH = 20
 
 _INFO_KEYS = (
     "compile_cache",
@@ -81,11 +88,13 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
         warm = by_stage.get("pre_train", [])
         setup = [e for stage, evs in by_stage.items() if stage != "pre_train" for e in evs]
         durations = {name: float(s["dur"]) / 1e6 for name, s in by_name.items()}
-        steps = {
-            int(e.get("step", 0)): float(e["dur"]) / 1e6
-            for e in trace.events
-            if e.get("kind") == "span" and e["name"] == "step"
-        }
+        step_spans = sorted(
+            (e for e in trace.events if e.get("kind") == "span" and e["name"] == "step"),
+            key=lambda e: float(e["ts"]),
+        )
+        steps = {step_of(e): float(e["dur"]) / 1e6 for e in step_spans}
+        # The n-th batch this process trained ends with its (n - 1)-th step after the first.
+        nth = step_spans[NTH_BATCH - 2] if len(step_spans) >= NTH_BATCH - 1 else None
         ranks.append(
             {
                 "rank": trace.rank,
@@ -99,6 +108,9 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
                 "per_stage_c10d": {k: comm_counts(v)["c10d_ops"] for k, v in by_stage.items() if v},
                 "peak_rss_mb": float(bench["peak_rss_mb"]),
                 "steps_s": steps,
+                "nth_batch_s": (float(nth["ts"]) + float(nth["dur"]) - t0) / 1e6
+                if nth is not None
+                else float("nan"),
                 "info": {k: bench[k] for k in _INFO_KEYS if k in bench},
                 "versions": dict(bench.get("versions", {})),
             }
@@ -122,6 +134,7 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
         "steady_step_s": statistics.median(steady) if steady else float("nan"),
         "first_step_synced_s": first_synced,
         "ttfb_s": worst["ttfb_s"],
+        "nth_batch_s": _slowest(r["nth_batch_s"] for r in ranks),
         "stages_s": {s: max(r["stages_s"].get(s, 0.0) for r in ranks) for s in TIMELINE},
         "setup": {k: max(r["setup"][k] for r in ranks) for k in keys},
         "warmup": {k: max(r["warmup"][k] for r in ranks) for k in keys},
@@ -130,6 +143,19 @@ def analyse_run(paths: Sequence[str]) -> dict[str, Any]:
         "ranks": ranks,
         "paths": list(paths),
     }
+
+
+def _slowest(values: Any) -> float:
+    """The max, NaN if any is NaN (a rank that did not get there)."""
+    vals = [float(v) for v in values]
+    return float("nan") if not vals or any(math.isnan(v) for v in vals) else max(vals)
+
+
+def step_of(event: Mapping[str, Any]) -> int:
+    """The training step a ``step`` span covers (the tracer keeps span keywords under
+    ``attrs``)."""
+    attrs = event.get("attrs") or {}
+    return int(attrs.get("step", event.get("step", 0)))
 
 
 def _by_op(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
@@ -184,6 +210,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "peak_rss_mb": med(r["peak_rss_mb"] for r in runs),
         "steady_step_s": med(r.get("steady_step_s", float("nan")) for r in runs),
         "first_step_synced_s": med(r.get("first_step_synced_s", float("nan")) for r in runs),
+        "nth_batch_s": med(r.get("nth_batch_s", float("nan")) for r in runs),
         "setup_by_op": first["setup_by_op"],
         "info": first["ranks"][0]["info"],
     }
@@ -254,6 +281,10 @@ def table_rows(results: Mapping[str, Any], floors: Mapping[str, Any]) -> list[di
                         f.get("first_step_synced_s", nan), f.get("steady_step_s", nan)
                     ),
                     "precompiled_served": f.get("info", {}).get("precompiled_served", 0),
+                    "fastinit_nth_batch_s": f.get("nth_batch_s", nan),
+                    "best_nth_batch_s": b.get("nth_batch_s", nan),
+                    "stock_nth_batch_s": s.get("nth_batch_s", nan),
+                    "nth_vs_best": ratio(f.get("nth_batch_s", nan), b.get("nth_batch_s", nan)),
                 }
             )
     return rows

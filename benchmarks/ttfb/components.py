@@ -30,6 +30,8 @@ def trainer_args(
     steps: int = 1,
     checkpoint_dir: str | None = None,
     checkpoint_step: int = 0,
+    checkpoint_every: int = 0,
+    checkpointer: str = "mode",
 ) -> list[str]:
     """The command-line arguments of ``benchmarks.ttfb.trainer`` for one run."""
     args = ["--mode", mode, "--model", model, "--cache", cache, "--out", out]
@@ -43,6 +45,10 @@ def trainer_args(
         args += ["--steps", str(steps)]
     if checkpoint_dir:
         args += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-step", str(checkpoint_step)]
+    if checkpoint_every:
+        args += ["--checkpoint-every", str(checkpoint_every)]
+    if checkpointer != "mode":
+        args += ["--checkpointer", checkpointer]
     return args
 
 
@@ -61,6 +67,8 @@ def ttfb(
     steps: int = 1,
     checkpoint_dir: Optional[str] = None,
     checkpoint_step: int = 0,
+    checkpoint_every: int = 0,
+    checkpointer: str = "mode",
     max_restarts: int = 0,
     gpu: int = 0,
     cpu: int = 2,
@@ -82,7 +90,8 @@ def ttfb(
             "stock-best" (stock with a shared Inductor directory, compile artifacts and the
             previous run's plan, all in cache_dir) or "fastinit" (fastinit.setup, concurrent
             stages, plan and compile caches in cache_dir)
-        model: reference model: tiny, small (26 tables), medium (256), large (1,024)
+        model: reference model: tiny, small (26 tables), medium (256), large (1,024), ckpt (8
+            tables of 1M rows: 1 GB of state per rank on 2 ranks)
         cache: scenario label: cold, new-hosts, same-hosts or recover (the caller arranges the
             caches, and for recover the fault: benchmarks/ttfb/faults.py)
         out: directory for the per-rank trace files
@@ -96,6 +105,8 @@ def ttfb(
         steps: training steps in all (the first batch is the first)
         checkpoint_dir: checkpoints (``step-<K>/``, ``latest``); a committed one is resumed from
         checkpoint_step: save a checkpoint after this step (0: never)
+        checkpoint_every: also save after every this many steps (0: never)
+        checkpointer: "mode" (the mode's own checkpoints) or "torch-checkpointing"
         max_restarts: torchrun's ``--max-restarts``: worker-group restarts after a failure
         gpu: GPUs per host requested from the scheduler
         cpu: CPUs per host requested from the scheduler
@@ -120,6 +131,8 @@ def ttfb(
         steps,
         checkpoint_dir,
         checkpoint_step,
+        checkpoint_every,
+        checkpointer,
     )
     job_env = {"LOGLEVEL": "WARNING", **(env or {})}
     if nnodes == 1:

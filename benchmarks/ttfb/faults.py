@@ -4,7 +4,8 @@ Driven by environment variables, so the trainer carries no fault flags of its ow
 calls :func:`after_step` after every completed step, and nothing happens unless the variables
 are set:
 
-* ``FASTINIT_BENCH_KILL_RANK``: the rank to kill (unset: no fault);
+* ``FASTINIT_BENCH_KILL_RANK``: the rank to kill (unset: no fault; ``-1``: every rank, each
+  right after the step, recording to ``<file>.rank<N>``: :data:`EVERY_RANK`);
 * ``FASTINIT_BENCH_KILL_STEP``: after which step (1-based, the job's global step count);
 * ``FASTINIT_BENCH_KILL_FILE``: where the killed rank records the moment of the kill (JSON:
   ``time``, ``rank``, ``step``, ``attempt``), written and fsync-ed just before the signal;
@@ -25,7 +26,11 @@ import signal
 import time
 from collections.abc import Mapping
 
-__all__ = ["ENV", "KillAt", "from_env", "after_step", "read_kill"]
+__all__ = ["ENV", "EVERY_RANK", "KillAt", "from_env", "after_step", "read_kill"]
+
+#: ``KillAt.rank`` for every rank (each kills itself after the step; its record goes to
+#: ``<record>.rank<N>``).
+EVERY_RANK = -1
 
 #: The variables, by role.
 ENV = {
@@ -81,18 +86,19 @@ def after_step(step: int, rank: int, environ: Mapping[str, str] | None = None) -
     environment arms is for this rank, step and attempt."""
     env = os.environ if environ is None else environ
     fault = from_env(env)
-    if fault is None or fault.rank != rank or fault.step != step:
+    if fault is None or fault.rank not in (rank, EVERY_RANK) or fault.step != step:
         return
     attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if attempt != fault.attempt:
         return
     record = {"time": time.time(), "rank": rank, "step": step, "attempt": attempt}
-    tmp = f"{fault.record}.tmp.{os.getpid()}"
+    path = fault.record if fault.rank != EVERY_RANK else f"{fault.record}.rank{rank}"
+    tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(record, f)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, fault.record)
+    os.replace(tmp, path)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

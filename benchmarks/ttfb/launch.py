@@ -44,6 +44,10 @@ class RunSpec:
     """Checkpoints (resumed from when one is committed)."""
     checkpoint_step: int = 0
     """Save after this step (0: never)."""
+    checkpoint_every: int = 0
+    """Also save after every this many steps (0: never)."""
+    checkpointer: str = "mode"
+    """The mode's own checkpoints, or "torch-checkpointing"."""
     max_restarts: int = 0
     """torchrun's ``--max-restarts``."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -133,6 +137,8 @@ def run_trainer(spec: RunSpec) -> list[str]:
             steps=spec.steps,
             checkpoint_dir=spec.checkpoint_dir,
             checkpoint_step=spec.checkpoint_step,
+            checkpoint_every=spec.checkpoint_every,
+            checkpointer=spec.checkpointer,
             max_restarts=spec.max_restarts,
             env=_env(spec),
         )
@@ -151,6 +157,8 @@ def run_trainer(spec: RunSpec) -> list[str]:
             spec.steps,
             spec.checkpoint_dir,
             spec.checkpoint_step,
+            spec.checkpoint_every,
+            spec.checkpointer,
         )
         cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.ttfb.trainer", *args]
         cmd += spec.trainer_args

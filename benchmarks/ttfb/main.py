@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from benchmarks.ttfb.analysis import (
+    NTH_BATCH,
     TIMELINE,
     analyse_floor,
     analyse_recover,
@@ -85,11 +86,15 @@ class BenchConfig:
     """Compile the dense arch (off only for tests)."""
     batch_size: int = 256
     """Samples per batch and rank."""
-    steps: int = 3
-    """Training steps per run: the first gives the time to first batch, the later ones (after
-    it, not timed into it) a steady-state compiled step to set the first one against."""
+    steps: int = NTH_BATCH
+    """Training steps per run: the first gives the time to first batch, the 20th the time to the
+    20th batch (the restart target), the ones between a steady-state step to set the first one
+    against."""
     timeout_s: float = 1200.0
     """Per-run timeout."""
+    heavy_repeats: int = 0
+    """Runs of the checkpoint-heavy scenario per checkpointer (0: none; ``make bench`` runs it
+    once: :mod:`benchmarks.ttfb.heavy`)."""
 
     def __post_init__(self) -> None:
         for s in self.scenarios:
@@ -98,8 +103,8 @@ class BenchConfig:
         for m in self.modes:
             if m not in MODES:
                 raise ValueError(f"unknown mode {m!r}; one of {MODES}")
-        if self.nproc < 1 or self.repeats < 1:
-            raise ValueError("nproc and repeats must be >= 1")
+        if self.nproc < 1 or self.repeats < 1 or self.heavy_repeats < 0:
+            raise ValueError("nproc and repeats must be >= 1, heavy_repeats >= 0")
         if self.launcher not in ("torchx", "torchrun"):
             raise ValueError(f"launcher must be torchx or torchrun, got {self.launcher!r}")
 
@@ -169,6 +174,18 @@ def bench_model(model: str, config: BenchConfig) -> dict[str, dict[str, list[dic
                 if scenario in config.scenarios:
                     runs[scenario]["floor"].append(floor)
     return runs
+
+
+def _heavy(config: BenchConfig) -> dict[str, Any]:
+    """The checkpoint-heavy scenario (:mod:`benchmarks.ttfb.heavy`), if asked for."""
+    if not config.heavy_repeats:
+        return {}
+    from benchmarks.ttfb import heavy
+    from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
+    from benchmarks.ttfb.trainer import model_spec
+
+    ensure_dataset(DatasetConfig(spec=model_spec(heavy.MODEL)), os.path.join(config.out, "data"))
+    return heavy.run(config)
 
 
 def run_recover(
@@ -302,6 +319,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     for model in config.models:  # generated once, not timed
         ensure_dataset(DatasetConfig(spec=model_spec(model)), os.path.join(config.out, "data"))
     raw = {model: bench_model(model, config) for model in config.models}
+    heavy_summary = _heavy(config)
     machine["load_avg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else []
     results = {
         model: {
@@ -336,26 +354,21 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         "floors": floors,
         "recover": recover,
         "recover_plan": dataclasses.asdict(RECOVER),
+        "heavy": heavy_summary,
     }
     summary["table"] = table_rows(results, floors)
     summary["recover_table"] = recover_rows(recover, results)
-    summary["targets"] = [
-        dataclasses.asdict(t)
-        for t in report.targets(summary["table"], config.nproc, summary["recover_table"])
-    ]
+    summary["targets"] = [dataclasses.asdict(t) for t in report.all_targets(summary)]
     with open(os.path.join(config.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     report.write_report(summary, os.path.join(config.out, "report.md"))
-    report.write_timeline(summary, raw, os.path.join(config.out, "timeline.png"))
-    report.write_chrome_trace(raw, os.path.join(config.out, "trace.json"))
+    if raw:
+        report.write_timeline(summary, raw, os.path.join(config.out, "timeline.png"))
+        report.write_chrome_trace(raw, os.path.join(config.out, "trace.json"))
     print(report.format_table(summary["table"]))
     if summary["recover_table"]:
         print(report.format_recover(summary["recover_table"]))
-    print(
-        report.format_targets(
-            report.targets(summary["table"], config.nproc, summary["recover_table"])
-        )
-    )
+    print(report.format_targets(report.all_targets(summary)))
     print(f"wall time {summary['wall_s']:.0f} s; outputs in {config.out}/")
     return summary
 
@@ -454,7 +467,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
     parser.add_argument(
-        "--steps", type=int, default=3, help="steps per run (the later ones: a steady step)"
+        "--heavy-repeats",
+        type=int,
+        default=0,
+        help="runs of the checkpoint-heavy scenario per checkpointer (0: none; make bench: 1)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=NTH_BATCH,
+        help=f"steps per run (the {NTH_BATCH}th: the time to the {NTH_BATCH}th batch)",
     )
     single = parser.add_mutually_exclusive_group()
     single.add_argument(
@@ -489,6 +511,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         compile=not args.no_compile,
         timeout_s=args.timeout,
         steps=args.steps,
+        heavy_repeats=args.heavy_repeats,
     )
     if single:
         mode, model, cache, _ = single

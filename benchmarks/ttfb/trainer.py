@@ -126,7 +126,13 @@ MODELS: dict[str, tuple[int, int, int]] = {
     "small": (20, 6, 2000),
     "medium": (192, 64, 2000),
     "large": (768, 256, 2000),
+    # the checkpoint-heavy scenario's model: 8 tables of ~1M rows x 64 fp32 (+ the row-wise
+    # Adagrad state), 2.1 GB in all: 1 GB per rank on 2 ranks (benchmarks/ttfb/heavy.py)
+    "ckpt": (8, 0, 1_000_000),
 }
+
+#: Embedding dims of a model where they are not :class:`fastinit.testing.models.ModelSpec`'s.
+MODEL_DIMS: dict[str, tuple[int, ...]] = {"ckpt": (64,)}
 
 #: The scenario labels (the driver arranges the caches; "recover" also the fault and checkpoints).
 CACHES: tuple[str, ...] = ("cold", "new-hosts", "same-hosts", "recover")
@@ -201,6 +207,11 @@ class TrainerConfig:
     resumed from."""
     checkpoint_step: int = 0
     """Save a checkpoint after this step (0: never)."""
+    checkpoint_every: int = 0
+    """Also save after every this many steps (0: never; the checkpoint-heavy scenario)."""
+    checkpointer: str = "mode"
+    """How checkpoints are saved and loaded: "mode" (the mode's own way) or
+    "torch-checkpointing" (torch_checkpointing 0.1.1; :mod:`benchmarks.ttfb.recovery`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -231,8 +242,18 @@ class TrainerConfig:
             raise ValueError(f"unknown cache scenario {self.cache!r}")
         if self.steps < 1 or self.checkpoint_step < 0:
             raise ValueError("steps must be >= 1 and checkpoint_step >= 0")
-        if self.checkpoint_step and not self.checkpoint_dir:
-            raise ValueError("checkpoint_step needs checkpoint_dir")
+        if (self.checkpoint_step or self.checkpoint_every) and not self.checkpoint_dir:
+            raise ValueError("checkpoint_step and checkpoint_every need checkpoint_dir")
+        if self.checkpoint_every < 0:
+            raise ValueError("checkpoint_every must be >= 0")
+        from benchmarks.ttfb.recovery import CHECKPOINTERS
+
+        if self.checkpointer not in CHECKPOINTERS:
+            raise ValueError(
+                f"checkpointer must be one of {CHECKPOINTERS}, got {self.checkpointer!r}"
+            )
+        if self.checkpointer != "mode" and self.mode == "fastinit":
+            raise ValueError("fastinit mode saves with fastinit.checkpoint (checkpointer 'mode')")
 
 
 def process_start_time() -> float:
@@ -257,7 +278,8 @@ def model_spec(name: str) -> Any:
     from fastinit.testing.models import ModelSpec
 
     ebc, ec, rows = MODELS[name]
-    return ModelSpec(num_tables=ebc, num_ec_tables=ec, rows=rows, pooling=2.0)
+    dims = {"dims": MODEL_DIMS[name]} if name in MODEL_DIMS else {}
+    return ModelSpec(num_tables=ebc, num_ec_tables=ec, rows=rows, pooling=2.0, **dims)
 
 
 def unsharded_model(model: str = "small") -> Any:
@@ -287,7 +309,7 @@ class _Trainer:
         from benchmarks.ttfb.recovery import latest
 
         #: (path, step) of the checkpoint to resume from, or None.
-        self.resume_from = latest(config.checkpoint_dir, config.mode)
+        self.resume_from = latest(config.checkpoint_dir, config.mode, config.checkpointer)
 
     @property
     def _full_fastinit(self) -> bool:
@@ -458,11 +480,24 @@ class _Trainer:
         model, optimizer = built
         if self.resume_from is not None:
             path, step = self.resume_from
-            loaded = load(self.config.mode, path, model, optimizer)
+            loaded = load(self.config.mode, path, model, optimizer, self.config.checkpointer)
             self.info["resume_how"] = loaded.pop("how")
             self.info["resume_read"] = loaded
             self.info["resumed_from_step"] = step
         return built
+
+    def saves_checkpoints(self) -> bool:
+        """Whether this run saves checkpoints."""
+        c = self.config
+        return bool(c.checkpoint_dir and (c.checkpoint_step or c.checkpoint_every))
+
+    def checkpoint_prepare(self, built: tuple[Any, Any]) -> None:
+        """fastinit: :func:`fastinit.checkpoint.prepare` (the staging buffers, allocated on a
+        thread of their own, and the writer process)."""
+        from fastinit import checkpoint
+
+        model, optimizer = built
+        checkpoint.prepare(model, {"optim": optimizer}, background=True)
 
     def init_plugins(self, built: tuple[Any, Any]) -> Any:
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -622,6 +657,15 @@ class _Trainer:
             deps["resume"] = ("train_module_creation",)
             deps["pre_train"] = ("resume",)
             collective.add("resume")
+        if self.saves_checkpoints():
+            # The staging buffers and the writer process ahead of the first save, beside
+            # pre_train; the allocation runs on a thread of its own, so nothing waits for it
+            # (after the load: a restarted worker first reads its predecessor's buffers, then
+            # adopts them).
+            stages["checkpoint_prepare"] = self.checkpoint_prepare
+            deps["checkpoint_prepare"] = (
+                "resume" if self.resume_from is not None else "train_module_creation",
+            )
         if self.config.pipeline_fill == "startup":
             # After pre_train on the collective lane (its input distribution is collective), so
             # no other stage runs while its torch.fx trace patches nn.Module process-wide.
@@ -689,28 +733,40 @@ def _train_on(
     """After the first step (``first``): the checkpoint and fault hooks for it, then the other
     steps up to ``--steps``, each followed by the hooks; their losses go into ``losses`` and,
     after every step, to ``losses-a<attempt>-rank<N>.json`` in the trace directory (a killed
-    attempt's losses survive it: the recover scenario compares them with the resumed ones)."""
+    attempt's losses survive it: the recover scenario compares them with the resumed ones).
+    A run that saves checkpoints also appends every step's seconds, and whether a save was being
+    written when it began, to ``steps-a<attempt>-rank<N>.jsonl``."""
     from benchmarks.ttfb import faults
     from benchmarks.ttfb.recovery import Saver
     from fastinit import trace
 
     config = trainer.config
     saver = (
-        Saver(config.mode, str(config.checkpoint_dir), trainer.rank, config.out)
-        if config.checkpoint_dir and config.checkpoint_step
+        Saver(
+            config.mode, str(config.checkpoint_dir), trainer.rank, config.out, config.checkpointer
+        )
+        if trainer.saves_checkpoints()
         else None
     )
+    if saver is not None:
+        saver.prepare(trainer.model, trainer.optimizer)
+    every = config.checkpoint_every
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     record = os.path.join(config.out, f"losses-a{attempt}-rank{trainer.rank}.json")
+    steps_log = (
+        open(os.path.join(config.out, f"steps-a{attempt}-rank{trainer.rank}.jsonl"), "a")  # noqa: SIM115
+        if saver is not None
+        else None
+    )
     step = first
     while True:
         if config.steps > 1:
             _atomic(record, lambda f: f.write(json.dumps(losses).encode()))
-        if saver is not None and step == config.checkpoint_step:
+        if saver is not None and (step == config.checkpoint_step or (every and step % every == 0)):
             with trace.span("checkpoint_save", step=step):
                 blocking = saver.save(step, trainer.model, trainer.optimizer)
             trainer.info["save"] = {"step": step, "blocking_s": blocking}
-        if saver is not None and step == config.checkpoint_step + 1:
+        if saver is not None and config.checkpoint_step and step == config.checkpoint_step + 1:
             # For `fastinit publish`: step K + 1's forward ran on the checkpoint's state.
             from fastinit.checkpoint import record_verification
 
@@ -729,11 +785,36 @@ def _train_on(
             break
         step += 1
         _swap(trainer, step)
-        with trace.span("step", step=step):
+        # "saving": this rank's part of a save was still being written when the step began.
+        saving = saver is not None and saver.in_flight()
+        t = time.perf_counter()
+        with trace.span("step", step=step, saving=saving):
             last = pipeline.progress(data)
             losses[step] = _loss(last)
+        if steps_log is not None:
+            end = time.time()
+            took = time.perf_counter() - t
+            steps_log.write(json.dumps({"step": step, "s": took, "end": end, "saving": saving}))
+            steps_log.write("\n")
+            steps_log.flush()
     if saver is not None:
-        saver.wait()
+        saver.close()
+    if steps_log is not None:
+        steps_log.close()
+
+
+def _warm_copy(model: Any, optimizer: Any, repeats: int = 3) -> dict[str, Any]:
+    """After training: a copy of this rank's state (the bytes a save stages) into buffers
+    allocated and touched once, timed ``repeats`` times: the limit a save's blocking is set
+    against (:mod:`benchmarks.checkpoint_blocking.limits`)."""
+    from benchmarks.checkpoint_blocking.anchors import local_tensors, nbytes
+    from benchmarks.checkpoint_blocking.limits import WarmCopy
+
+    tensors = local_tensors({"model": model.state_dict(), "optim": optimizer.state_dict()})
+    warm = WarmCopy(list(tensors.values()))
+    seconds = [warm.run() for _ in range(repeats)]
+    warm.close()
+    return {"bytes": nbytes(tensors), "seconds": seconds}
 
 
 def _swap(trainer: _Trainer, step: int) -> None:
@@ -904,6 +985,13 @@ def run(config: TrainerConfig) -> dict[str, Any]:
             trainer.save_for_next_run()
     _train_on(trainer, pipeline, data, step, losses, out)
     summary["losses"] = {str(k): v for k, v in sorted(losses.items())}
+    if config.mode == "fastinit" and trainer.saves_checkpoints():
+        from fastinit.checkpoint.saving import staging_info
+
+        info = staging_info()
+        summary["staging"] = {k: info[k] for k in ("writer", "allocated_s", "allocated_bytes")}
+    if trainer.saves_checkpoints():
+        summary["warm_copy"] = _warm_copy(trainer.model, trainer.optimizer)
     summary.update({k: trainer.info[k] for k in ("resume_how", "resume_read", "resumed_from_step", "save", "swapped_at")
                     if k in trainer.info})  # fmt: skip
     tracer.record(summary)
@@ -953,6 +1041,15 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
     parser.add_argument("--checkpoint-dir", default=None, help="checkpoints; resumed from")
     parser.add_argument("--checkpoint-step", type=int, default=0, help="save after this step")
     parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="also save after every N-th step"
+    )
+    parser.add_argument(
+        "--checkpointer",
+        choices=("mode", "torch-checkpointing"),
+        default="mode",
+        help="the mode's own checkpoints, or torch_checkpointing's (stock modes)",
+    )
+    parser.add_argument(
         "--no-precompile", action="store_true", help="fastinit: plain torch.compile, no AOT form"
     )
     args = parser.parse_args(argv)
@@ -971,6 +1068,8 @@ def _parse(argv: list[str] | None) -> TrainerConfig:
         steps=args.steps,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_step=args.checkpoint_step,
+        checkpoint_every=args.checkpoint_every,
+        checkpointer=args.checkpointer,
         precompile=not args.no_precompile,
         compile_prefetch=args.compile_prefetch,
         compile_in_background=args.compile_in_background,

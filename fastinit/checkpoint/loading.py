@@ -208,6 +208,16 @@ class _Sources:
                 raise CheckpointError(f"rank {rank}'s layouts.json is unreadable: {e}") from None
         return self._layouts[rank]
 
+    def recorded(self, fqn: str, model_fqns: set[str]) -> bool:
+        """Whether the rank holding shard 0 of ``fqn``'s parameter recorded ``fqn``'s layout:
+        the index lists only the sharded optimizer state rank 0 holds, and a table no shard of
+        which is on rank 0 has its state on other ranks only."""
+        param = _param_of(fqn, model_fqns)
+        runs = self.index.runs(param) if param is not None else None
+        if not runs or runs[0].rank is None:
+            return False
+        return fqn in self.layouts(runs[0].rank)
+
     def source(self, rank: int | None, key: Any, chunk_sizes: Any, dtype: Any) -> Source:
         """The stored item ``key`` (a DCP ``MetadataIndex``) of a part, as its manifest records it."""
         manifest, items = self.manifest(rank)
@@ -299,17 +309,21 @@ def _target_size(value: Any) -> tuple[int, ...]:
 
 
 def _not_held(
-    index: fmt.Index,
+    sources: _Sources,
     fqn: str,
     value: Any,
     stored: Mapping[str, fmt.TensorEntry],
     replicated: set[str],
     model_fqns: set[str],
 ) -> str | None:
-    """Why the checkpoint cannot fill the sharded non-model value ``fqn`` (None: it can)."""
+    """Why the checkpoint cannot fill the sharded non-model value ``fqn`` (None: it can).
+    Decided from the committed index and layouts alone: the same on every rank."""
     if fqn.startswith("model."):
         return None  # the model's values: the fingerprint check decides
+    index = sources.index
     entry = stored.get(fqn)
+    if entry is None and sources.recorded(fqn, model_fqns):
+        return None  # state of a table rank 0 holds no shard of: its layout decides the shape
     if entry is None:
         param = _param_of(fqn, model_fqns)
         if param is not None and param in replicated:
@@ -425,7 +439,7 @@ def plan_reads(
         if not isinstance(value, torch.Tensor):
             missing[fqn] = "the checkpoint holds no such value"
             continue
-        why = _not_held(index, fqn, value, stored_state, replicated, model_fqns)
+        why = _not_held(sources, fqn, value, stored_state, replicated, model_fqns)
         if why is not None:  # decided from the index alone: the same on every rank
             missing[fqn] = why
             continue
@@ -558,7 +572,7 @@ def overlaps(
     for fqn, value in state.items():
         if fqn in replicated or not is_sharded(value):
             continue
-        if _not_held(index, fqn, value, stored_state, replicated, model_fqns) is not None:
+        if _not_held(sources, fqn, value, stored_state, replicated, model_fqns) is not None:
             continue
         runs = _layout(sources, fqn, model_fqns)
         found: list[Any] = []

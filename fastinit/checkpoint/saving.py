@@ -137,8 +137,11 @@ class _Saver:
             tier.reclaim()
         loaded = tier.last_loaded()
         found = sorted(tier.adoptable(rank, _job()), key=lambda x: x[1] != loaded)  # tier first
+        writer = self.writer.proc.pid if isinstance(self.writer, WriterProcess) else None
+        owner = {"pid": os.getpid(), "ppid": os.getppid(), "writer": writer}
         for segment, save_id in found:
-            self.pool.adopt(segment, save_id or "", tier=save_id is not None and save_id == loaded)
+            tiered = save_id is not None and save_id == loaded
+            self.pool.adopt(segment, save_id or "", tier=tiered, owner=owner)
 
     def ensure_writer(self) -> WriterProcess | WriterThread:
         """The writer for the next job: a process while the buffers are shared, else (no
@@ -899,4 +902,5 @@ def staging_info() -> dict[str, Any]:
         "buffers": [] if pool is None else pool.buffers(),
         "allocated_s": 0.0 if pool is None else pool.allocated_s,
         "allocated_bytes": 0 if pool is None else pool.allocated_bytes,
+        "pinned_bytes": 0 if pool is None else pool.pinned_bytes(),
     }

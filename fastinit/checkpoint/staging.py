@@ -157,7 +157,9 @@ class Segment:
         """Map an existing buffer; only a regular file owned by this user that no one else can
         write or read (a buffer of another user, or one made readable, is never opened).
 
-        With ``writable=False`` the mapping is copy-on-write: reading shares the pages.
+        With ``writable=False`` the mapping is copy-on-write: reading shares the pages. With
+        ``writable=True`` (a buffer adopted for saves) its pages are mapped here (``MAP_POPULATE``),
+        so the first save into it does not fault them in on the loop.
 
         Raises:
             OSError: missing, not a regular file, a symlink, or not owner-only.
@@ -174,8 +176,12 @@ class Segment:
                 )
             if st.st_size < HEADER_BYTES:
                 raise OSError(f"{path} is too short to be a staging buffer")
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_COPY
-            mm = mmap.mmap(fd, st.st_size, access=access)
+            if writable:  # a buffer taken over for saves: its pages mapped now, not at a save
+                populate = getattr(mmap, "MAP_POPULATE", 0)
+                prot = mmap.PROT_READ | mmap.PROT_WRITE
+                mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | populate, prot=prot)
+            else:
+                mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
         except BaseException:
             os.close(fd)
             raise
@@ -193,6 +199,11 @@ class Segment:
             os.close(fd)
             raise
         return cls(None, mm, size, fd)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the buffer is page-locked for CUDA copies."""
+        return self._pinned
 
     def fileno(self) -> int:
         if self._fd is None:
@@ -446,13 +457,21 @@ class Pool:
             e.segment.close()
             e.segment.unlink()
 
-    def adopt(self, segment: Segment, save_id: str, *, tier: bool) -> None:
-        """Take over a buffer an earlier process of this rank left (a restart on this host)."""
+    def adopt(
+        self, segment: Segment, save_id: str, *, tier: bool, owner: dict[str, Any] | None = None
+    ) -> None:
+        """Take over a buffer an earlier process of this rank left (a restart on this host);
+        ``owner`` (``pid``, ``ppid``, ``writer``) goes into its header: a buffer whose header
+        still named the dead predecessor would be removed by any :func:`~fastinit.checkpoint.
+        tier.reclaim` (another job's, a test session's) while this process holds it."""
+        tier = tier and self.keep_tier  # with no tier kept, nothing would ever free it
         with self._lock:
             if len(self._entries) >= self.max_buffers:
                 segment.close()
                 segment.unlink()  # a predecessor's buffer this process has no room for
                 return
+            if owner:
+                segment.write_header({**segment.read_header(), **owner})
             if tier:
                 for e in self._entries:
                     if e.state == "tier":
@@ -467,6 +486,11 @@ class Pool:
         """``(state, save id, size, path)`` of every buffer."""
         with self._lock:
             return [(e.state, e.save_id, e.segment.size, e.segment.path) for e in self._entries]
+
+    def pinned_bytes(self) -> int:
+        """Bytes of the buffers that are page-locked."""
+        with self._lock:
+            return sum(e.segment.size for e in self._entries if e.segment.pinned)
 
     def release(self) -> None:
         """Unmap and remove every buffer (the job ended cleanly)."""

@@ -130,7 +130,13 @@ def _fake_mode(ttfb: float, ops: int = 1) -> dict[str, Any]:
 
 def test_table_rows_and_targets() -> None:
     from benchmarks.ttfb.analysis import table_rows
-    from benchmarks.ttfb.report import format_first_step, format_table, format_targets, targets
+    from benchmarks.ttfb.report import (
+        format_first_step,
+        format_nth_batch,
+        format_table,
+        format_targets,
+        targets,
+    )
 
     results = {
         "large": {
@@ -141,8 +147,8 @@ def test_table_rows_and_targets() -> None:
             },
             "new-hosts": {
                 "stock": _fake_mode(100.0),
-                "stock-best": _fake_mode(20.0),
-                "fastinit": _fake_mode(17.0) | {"steady_step_s": 0.05},
+                "stock-best": _fake_mode(20.0) | {"nth_batch_s": 30.0},
+                "fastinit": _fake_mode(17.0) | {"steady_step_s": 0.05, "nth_batch_s": 21.0},
             },
         }
     }
@@ -156,13 +162,16 @@ def test_table_rows_and_targets() -> None:
         ("large / cold, 4 ranks: fastinit / floor", 1.15): True,
         ("large / cold, 4 ranks: fastinit / stock", 0.3): True,
         ("large / new-hosts, 4 ranks: fastinit / stock-best", 0.8): False,
-        ("large / new-hosts, 4 ranks: fastinit first step / steady-state step", 1.5): False,
+        # issue 32 item 5: the 20th batch, not the first step against a steady one
+        ("large / new-hosts, 4 ranks: time to the 20th batch, fastinit / stock-best", 0.8): True,
     }
-    assert restart["first_vs_steady"] == pytest.approx(2.0)
+    assert restart["nth_vs_best"] == pytest.approx(0.7)
+    assert "| large | new-hosts | – | 30.0 | 21.0 | **0.70** |" in format_nth_batch(rows)
+    assert restart["first_vs_steady"] == pytest.approx(2.0)  # still reported, as information
     assert "| large | new-hosts | 0.10 | 0.05 | **2.00** |" in format_first_step(rows)
     assert not any(t.limit == 0.3 for t in targets(rows, nproc=2))  # large cold: 4 ranks only
     restart = [t for t in targets(rows, nproc=2) if t.what.endswith("fastinit / stock-best")]
-    assert [(t.limit, t.met) for t in restart] == [(0.8, False)]
+    assert [(t.limit, t.met) for t in restart] == [(0.8, False), (0.8, True)]
     assert "| large | new-hosts | 100.0 | 20.0 | 17.0 | – | **0.85** |" in format_table(rows)
     assert "**no**" in format_targets(targets(rows, nproc=4))
 
@@ -292,6 +301,35 @@ def test_first_step_once_every_rank_is_in_it(tmp_path: Any) -> None:
     assert out["stages_s"]["first_step"] == pytest.approx(1.0)
     assert out["first_step_synced_s"] == pytest.approx(0.2)
     assert out["steady_step_s"] == pytest.approx(0.1)
+    assert math.isnan(out["nth_batch_s"])  # not 20 batches
+
+
+def test_steps_as_the_tracer_records_them_and_the_20th_batch(tmp_path: Any) -> None:
+    """The tracer keeps a span's keywords under ``attrs``: every step is its own (the steady
+    step is the median of them, max over ranks per step), and the 20th batch ends with the 19th
+    step after the first, the slower rank's."""
+    from benchmarks.ttfb.analysis import analyse_run
+
+    paths = []
+    for rank in (0, 1):
+        events: list[dict[str, Any]] = [
+            {"kind": "span", "name": "first_step", "ts": 9e6, "dur": 1e6},
+            {"kind": "bench", "process_start": 0.0, "ttfb_s": 10.0, "peak_rss_mb": 1.0},
+        ]
+        for step in range(2, 21):  # steps 2..20, 0.1 s each (rank 1: step 2 takes 1 s)
+            dur = 1.0 if (rank, step) == (1, 2) else 0.1
+            start = 10.0 + (step - 2) * 0.1 + (0.9 if rank == 1 and step > 2 else 0.0)
+            events.append(
+                {"kind": "span", "name": "step", "ts": start * 1e6, "dur": dur * 1e6,
+                 "attrs": {"step": step}}
+            )  # fmt: skip
+        path = tmp_path / f"trace-rank{rank}.jsonl"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        paths.append(str(path))
+    out = analyse_run(paths)
+    assert out["steady_step_s"] == pytest.approx(0.1)  # not the last step alone, not step 2's 1 s
+    assert out["ranks"][0]["steps_s"].keys() == set(range(2, 21))
+    assert out["nth_batch_s"] == pytest.approx(10.0 + 18 * 0.1 + 0.9 + 0.1)
 
 
 def test_trainer_flags_for_background_compile_and_prefetch() -> None:

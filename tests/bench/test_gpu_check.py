@@ -56,3 +56,29 @@ def test_without_cuda_no_step_runs(tmp_path: pathlib.Path) -> None:
     assert done.returncode != 0
     assert "no CUDA device" in done.stderr
     assert "gpu-check 1/" not in done.stdout
+
+
+@pytest.mark.timeout(600)
+def test_the_checkpoint_step_runs_on_cpu(tmp_path: pathlib.Path) -> None:
+    """make gpu-check's checkpoint step with ``--device cpu`` (and a small state, and a loose
+    bound: a few-MB copy is all noise): every other flag as gpu-check passes it, its CPU parts
+    run, and the loads are bit-equal."""
+    (step,) = [
+        step for _, _, step in gpu_check.STEPS if step[0] == "benchmarks.checkpoint_blocking"
+    ]
+    args = ["cpu" if a == "cuda" else a for a in step[1:]]
+    assert "--device" in args and "--check" in args
+    args += ["--rows", "2000", "--tables", "2", "--dim", "16", "--max-vs-warm", "1000"]
+    done = subprocess.run(
+        [sys.executable, "-m", step[0], *args, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=500,
+        cwd=pathlib.Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["device"] == "cpu" and len(out["fastinit"]) == 3  # gpu-check's --saves 3
+    assert all(r["mismatched"] == [] for r in out["load"].values())

@@ -48,6 +48,19 @@ def test_fault_kills_after_the_step(tmp_path: pathlib.Path) -> None:
     assert rec["rank"] == 0 and rec["step"] == 2 and rec["attempt"] == 0 and rec["time"] > 0
 
 
+def test_fault_every_rank(tmp_path: pathlib.Path) -> None:
+    """rank -1 arms every rank: rank 3 kills itself after the step too."""
+    record = tmp_path / "kill.json"
+    env = {**os.environ, **faults.KillAt(rank=faults.EVERY_RANK, step=1, record=str(record)).env()}
+    assert faults.from_env(env) == faults.KillAt(rank=-1, step=1, record=str(record))
+    code = "from benchmarks.ttfb import faults\nfaults.after_step(1, 3)\nprint('alive')\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -9 and "alive" not in proc.stdout
+    assert faults.read_kill(f"{record}.rank3")["rank"] == 3 and not record.exists()
+
+
 def test_recover_rules(tmp_path: pathlib.Path) -> None:
     from benchmarks.ttfb.scenarios import RECOVER, RULES, Layout, Recover, prepare
 

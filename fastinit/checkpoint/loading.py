@@ -208,10 +208,14 @@ class _Sources:
                 raise CheckpointError(f"rank {rank}'s layouts.json is unreadable: {e}") from None
         return self._layouts[rank]
 
-    def recorded(self, fqn: str, model_fqns: set[str]) -> bool:
-        """Whether the rank holding shard 0 of ``fqn``'s parameter recorded ``fqn``'s layout:
-        the index lists only the sharded optimizer state rank 0 holds, and a table no shard of
-        which is on rank 0 has its state on other ranks only."""
+    def recorded(self, fqn: str, model_fqns: set[str], own: int | None = None) -> bool:
+        """Whether the checkpoint holds ``fqn``, a sharded value the index does not list (the
+        index lists only the sharded optimizer state rank 0 holds, and a table no shard of which
+        is on rank 0 has its state on other ranks only): this rank's own part holds it (``own``:
+        its rank in a checkpoint of the same world size, whose metadata a same-plan load reads
+        anyway), or the rank holding shard 0 of its parameter recorded its layout."""
+        if own is not None and fqn in self.metadata(own)[1]:
+            return True
         param = _param_of(fqn, model_fqns)
         runs = self.index.runs(param) if param is not None else None
         if not runs or runs[0].rank is None:
@@ -315,14 +319,15 @@ def _not_held(
     stored: Mapping[str, fmt.TensorEntry],
     replicated: set[str],
     model_fqns: set[str],
+    own: int | None = None,
 ) -> str | None:
     """Why the checkpoint cannot fill the sharded non-model value ``fqn`` (None: it can).
-    Decided from the committed index and layouts alone: the same on every rank."""
+    Decided from committed files alone (the index, this rank's metadata, a layouts.json)."""
     if fqn.startswith("model."):
         return None  # the model's values: the fingerprint check decides
     index = sources.index
     entry = stored.get(fqn)
-    if entry is None and sources.recorded(fqn, model_fqns):
+    if entry is None and sources.recorded(fqn, model_fqns, own):
         return None  # state of a table rank 0 holds no shard of: its layout decides the shape
     if entry is None:
         param = _param_of(fqn, model_fqns)
@@ -439,7 +444,9 @@ def plan_reads(
         if not isinstance(value, torch.Tensor):
             missing[fqn] = "the checkpoint holds no such value"
             continue
-        why = _not_held(sources, fqn, value, stored_state, replicated, model_fqns)
+        why = _not_held(
+            sources, fqn, value, stored_state, replicated, model_fqns, None if resharded else own
+        )
         if why is not None:  # decided from the index alone: the same on every rank
             missing[fqn] = why
             continue

@@ -25,9 +25,11 @@ __all__ = [
     "get_checkpoint_staging",
     "get_checkpoint_tier",
     "override",
+    "markdown_table",
 ]
 
-#: name -> one-line description; the README's table is generated from the same words.
+#: name -> one-line description; the README's table is generated from these words
+#: (:func:`markdown_table`, ``python -m fastinit.knobs --markdown``) and tested against them.
 KNOBS: dict[str, str] = {
     "FASTINIT_PLAN_CACHE": "Directory of the plan cache used when `setup(plan_cache=None)`.",
     "FASTINIT_TRACE_DIR": "When set (and no tracer is running), every `fastinit.setup` call traces "
@@ -210,3 +212,20 @@ def override(**values: str | None) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
+
+
+def markdown_table() -> str:
+    """The README's knobs table: one row per knob of :data:`KNOBS`, in its order."""
+    rows = ["| variable | meaning |", "|---|---|"]
+    for name, text in KNOBS.items():
+        cell = text.replace("|", "\\|")
+        rows.append(f"| `{name}` | {cell} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m fastinit.knobs --markdown
+    import sys
+
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m fastinit.knobs --markdown  (prints the README's knobs table)")
+    sys.stdout.write(markdown_table())

@@ -19,7 +19,10 @@
 
 Each phase is one ``fastinit.<phase>`` trace span (``prepare``, ``exchange``, ``agree_on_plan``,
 ``materialize``, ``construct``, ``verify``, ``init_data_parallel``), its seconds in the DEBUG
-summary. The fast sharders are built once, for construction, with the agreed seed.
+summary, and one named fault point ``startup.<phase>`` at its start (``startup.plan`` inside
+prepare, where a failure is packed into the record): :mod:`fastinit.testing.faults` makes a rank
+fail there; without an installed action a point does nothing. The fast sharders are built once,
+for construction, with the agreed seed.
 
 At most 3 start-up collectives (record, plan, digests), plus one broadcast only where replicated
 values differ; none for a world of one. ``docs/startup.md`` describes the protocol as built.
@@ -41,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastinit import compat, knobs, protocol, trace
+from fastinit import _faults, compat, knobs, protocol, trace
 from fastinit.errors import StartupError
 from fastinit.plan.validate import check_unsharded, validate_plan
 from fastinit.protocol import Record
@@ -209,6 +212,7 @@ def setup(
     with _tracer_from_env(), trace.span("fastinit.setup"):
         env = _resolve_env(env, device)
         channel = protocol.Channel(env.process_group if env.world_size > 1 else None, device)
+        phases.rank = channel.rank
         with phases("prepare"):
             local = _prepare(
                 module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
@@ -249,9 +253,11 @@ def setup(
 
 
 class _Phases:
-    """``setup``'s phases, each one ``fastinit.<phase>`` trace span, timed (for the summary)."""
+    """``setup``'s phases, each one ``fastinit.<phase>`` trace span, timed (for the summary), and
+    one fault point ``startup.<phase>`` at its start."""
 
     def __init__(self) -> None:
+        self.rank = 0  # the group rank, once the channel is made
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
 
@@ -260,6 +266,7 @@ class _Phases:
         t0 = time.perf_counter()
         try:
             with trace.span(f"fastinit.{name}"):
+                _faults.point(f"startup.{name}", rank=self.rank)
                 yield
         finally:
             self.seconds[name] = time.perf_counter() - t0
@@ -354,6 +361,7 @@ def _prepare(
     local = _Local(record=Record(), structure=structure, sharders=[])
     found: dict[str, Any] = {"seed": 0, "source": "explicit" if plan is not None else None}
     try:
+        _faults.point("startup.plan", rank=env.rank)  # a failure here travels in the record
         check_unsharded(module)  # before the structure of a sharded model misleads the checks
         found["validate"] = _collective_validation_on_leader()
         found["seed"] = protocol.normalize_seed(seed if seed is not None else torch.initial_seed())

@@ -9,6 +9,9 @@ happens there, for a test (or a benchmark's fault scenario), and removes it afte
         handle = checkpoint.save(path, model, optimizers)
         handle.wait()                                           # raises on every rank
 
+    with inject("startup.verify", "exit", ranks=[1]):         # rank 1 dies before the digests
+        fastinit.setup(module)                                  # StartupError on rank 0
+
 The checkpoint writer process receives the actions installed in its trainer with each job, so a
 point inside the writer fails there too.
 
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Iterator
 
 from fastinit._faults import Action, clear, install
 
-__all__ = ["inject", "POINTS", "Action"]
+__all__ = ["inject", "POINTS", "STARTUP_POINTS", "Action"]
 
 #: Every named point, and what it is.
 POINTS: dict[str, str] = {
@@ -34,7 +37,20 @@ POINTS: dict[str, str] = {
     "or dying writer)",
     "checkpoint.index": "in rank 0's writer, before the index is written",
     "checkpoint.marker": "rank 0 creating the commit marker (a full disk at the marker)",
+    # fastinit.setup, one point at the start of each phase (fastinit/startup.py), in order
+    "startup.prepare": "setup's prepare phase starts (a rank failing before its record is built)",
+    "startup.plan": "inside prepare, before the plan is looked up or made (planning failing on "
+    "a rank: the failure travels in its record)",
+    "startup.exchange": "before the start-up record all_gather",
+    "startup.agree_on_plan": "before the plan broadcast (or its skip)",
+    "startup.materialize": "before the meta dense parameters are materialised",
+    "startup.construct": "before the sharded model is constructed",
+    "startup.verify": "before the replica digest all_reduce",
+    "startup.init_data_parallel": "before DDP wraps the dense part (setup's last phase)",
 }
+
+#: The points of ``fastinit.setup``'s phases, in the order setup reaches them.
+STARTUP_POINTS: tuple[str, ...] = tuple(p for p in POINTS if p.startswith("startup."))
 
 
 @contextlib.contextmanager

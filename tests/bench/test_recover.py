@@ -212,9 +212,8 @@ def test_recover_end_to_end(tmp_path: pathlib.Path, mode: str) -> None:
 def test_restarts_that_did_not_come_back_are_counted(tmp_path: pathlib.Path) -> None:
     """A recover repeat that failed or hung counts against its mode; the times are over the
     repeats that came back, and fastinit's target is that none failed."""
-    from benchmarks.analysis import analyse_recover, recover_rows, summarize_recover
-
-    from benchmarks import report
+    from benchmarks.ttfb import report
+    from benchmarks.ttfb.analysis import analyse_recover, recover_rows, summarize_recover
 
     after = {3: 0.5, 4: 0.25}
     paths = [_trace(tmp_path, r, start=101.0, first=110.0, losses=after) for r in (0, 1)]

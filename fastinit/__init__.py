@@ -15,18 +15,34 @@ __all__ = [
     "StartupError",
     "StartupMismatchError",
     "PlanMismatchError",
+    "FastinitError",
+    "FastinitWarning",
+    "errors",
     "trace",
     "knobs",
 ]
 
 if TYPE_CHECKING:
-    from fastinit import knobs, trace
-    from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
+    from fastinit import errors, knobs, trace
+    from fastinit.errors import (
+        FastinitError,
+        FastinitWarning,
+        PlanMismatchError,
+        StartupError,
+        StartupMismatchError,
+    )
     from fastinit.pg.rendezvous import init_process_group
     from fastinit.startup import setup
 
-_STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
+_ERRORS = (
+    "StartupError",
+    "StartupMismatchError",
+    "PlanMismatchError",
+    "FastinitError",
+    "FastinitWarning",
+)
 _MODULES = (
+    "errors",
     "trace",
     "knobs",
     "testing",
@@ -50,7 +66,7 @@ def __getattr__(name: str) -> Any:
         from fastinit.pg.rendezvous import init_process_group
 
         return init_process_group
-    if name in _STARTUP:
+    if name in _ERRORS:
         from fastinit import errors
 
         return getattr(errors, name)

@@ -56,6 +56,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fastinit.errors import CliError
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -83,10 +85,6 @@ EXIT_OUTPUT_DIFFERS = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_VERIFIED = 3
 EXIT_INCOMPATIBLE = 4
-
-
-class CliError(Exception):
-    """A mistake in what the command was given: printed as one line, exit status 2."""
 
 
 # -- factories ----------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import errors, knobs, trace
-from fastinit.errors import StartupError, StartupMismatchError
+from fastinit.errors import ReplicaMismatchWarning, StartupError, StartupMismatchError
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -112,10 +112,6 @@ _MASK63 = (1 << 63) - 1
 _DIGEST_MASK = (1 << 62) - 1  # digests are in [1, 2**62): negation cannot overflow int64
 _META_DIGEST = 0
 _CHECKSUM_CHUNK = 1 << 24  # elements per step of the device-side checksum
-
-
-class ReplicaMismatchWarning(UserWarning):
-    """Replicated values differed across ranks; rank 0's were broadcast (named in the message)."""
 
 
 # -- the record ------------------------------------------------------------------------------

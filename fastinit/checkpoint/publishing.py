@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fastinit.checkpoint.format import CheckpointError
+from fastinit.errors import PublishError
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +51,6 @@ logger = logging.getLogger("fastinit.checkpoint")
 
 #: The trainer's recorded batch and output, inside the checkpoint directory.
 VERIFY_FILE = "fastinit-verify.pt"
-
-
-class PublishError(CheckpointError):
-    """The checkpoint cannot be published: it does not fit the model, or the output is taken."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -330,8 +326,9 @@ def publish(
         model: the unsharded model, on the CPU (parameters on "meta" are allocated first).
         batch_file: the recorded batch and output (default: the checkpoint's ``VERIFY_FILE``).
         export: write the dense part via ``torch.export``.
-        rtol, atol: the tolerance of the verification (the sharded kernels sum in another
+        rtol: the relative tolerance of the verification (the sharded kernels sum in another
             order than the unsharded modules).
+        atol: the absolute tolerance of the verification.
 
     Returns:
         The :class:`PublishReport`; ``verified`` False means the forward on the recorded batch

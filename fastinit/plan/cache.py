@@ -62,7 +62,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastinit.errors import PlanMismatchError
+from fastinit.errors import FastinitCacheWarning, PlanMismatchError
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -121,10 +121,6 @@ def plan_bytes_bound(num_tables: int, world_size: int) -> int:
     tables = max(int(num_tables), 1)
     ranks = max(int(world_size), 1)
     return _BOUND_BASE + tables * (_BOUND_PER_TABLE + ranks * _BOUND_PER_SHARD)
-
-
-class FastinitCacheWarning(UserWarning):
-    """A plan-cache entry was ignored, or the cache could not be written."""
 
 
 def resolve_cache_dir(plan_cache: str | os.PathLike[str] | None) -> str | None:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fastinit import compat
 from fastinit.warmup.targets import CompileConfig, _unwrap, resolve_targets
 
 if TYPE_CHECKING:
@@ -547,6 +548,7 @@ class StateSnapshot:
             touched.handle.remove()
 
     def restore(self) -> None:
+        """Put back everything the snapshot holds."""
         import torch
 
         self._unhook()
@@ -703,6 +705,7 @@ def warm_up(
     """
     from fastinit.warmup._torchrec import pipeline_optimizer
 
+    compat.require("warmup")
     config = config or WarmupConfig()
     start = time.perf_counter()
     set_thread_device(_batch_device(batch))

@@ -471,7 +471,7 @@ def _file_def_loads(key: str, name: str) -> bool:
 
     from fastinit import ports
 
-    source = ports._source_in_file(key)
+    source = ports.source_in_file(key)
     if source is None:
         return False
     tree = ast.parse(textwrap.dedent(source))

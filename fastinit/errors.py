@@ -27,6 +27,7 @@ __all__ = [
     "PlanDecodeError",
     "PlanEncodeError",
     "LayoutError",
+    "PlanCacheError",
     "CheckpointError",
     "Taken",
     "PublishError",
@@ -86,6 +87,11 @@ class PlanEncodeError(FastinitError, TypeError):
 
 class LayoutError(FastinitError, ValueError):
     """Runs that do not describe a valid (or canonical) shard layout."""
+
+
+class PlanCacheError(FastinitError, RuntimeError):
+    """A plan cannot be stored ahead of the job: its key cannot be cached, an entry of the same key
+    holds another plan, or the cache directory cannot be written."""
 
 
 class FastinitCacheWarning(FastinitWarning, UserWarning):

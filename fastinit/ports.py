@@ -279,13 +279,13 @@ PORTS: dict[str, Port] = {
         "setup", f"{_SHARDERS}.FastEmbeddingCollectionSharder.shard"
     ),
     f"{_TR_DISTRIBUTED}sharding.rw_sharding:BaseRwEmbeddingSharding.__init__": Port(
-        "setup", f"{_MIRROR}sharding.rw_sharding._OwnRankRw"
+        "setup", f"{_MIRROR}sharding.rw_sharding.OwnRankRw"
     ),
     f"{_TR_DISTRIBUTED}sharding.rw_sharding:BaseRwEmbeddingSharding._shard": Port(
         "setup", f"{_MIRROR}sharding.rw_sharding._rw_tables"
     ),
     f"{_TR_DISTRIBUTED}sharding.dp_sharding:BaseDpEmbeddingSharding.__init__": Port(
-        "setup", f"{_MIRROR}sharding.dp_sharding._OwnRankDp"
+        "setup", f"{_MIRROR}sharding.dp_sharding.OwnRankDp"
     ),
     f"{_TR_DISTRIBUTED}sharding.dp_sharding:BaseDpEmbeddingSharding._shard": Port(
         "setup", f"{_MIRROR}sharding.dp_sharding._dp_tables"
@@ -383,11 +383,11 @@ def installed_source(key: str, obj: Any | None = None) -> str:
     qualname = key.partition(":")[2]
     if isinstance(fn, type) or getattr(fn, "__qualname__", None) == qualname:
         return source_of(fn)
-    found = _source_in_file(key)
+    found = source_in_file(key)
     return found if found is not None else source_of(fn)
 
 
-def _source_in_file(key: str) -> str | None:
+def source_in_file(key: str) -> str | None:
     """The lines (decorators included) of the ``def`` of ``key`` in its module's file, or None."""
     import ast
     import linecache

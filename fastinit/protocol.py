@@ -133,6 +133,21 @@ class Record:
 
     SIZE = _RECORD.size
 
+    @property
+    def has_plan(self) -> bool:
+        """This rank holds a plan (explicit, cached or planned here)."""
+        return bool(self.flags & HAS_PLAN)
+
+    @property
+    def planned(self) -> bool:
+        """This rank ran the planner."""
+        return bool(self.flags & PLANNED)
+
+    @property
+    def validate(self) -> bool:
+        """TorchRec's collective validation is on, as this rank resolved it."""
+        return bool(self.flags & VALIDATE)
+
     def pack(self) -> bytes:
         """The record's ``Record.SIZE`` bytes (the error text truncated to fit)."""
         err = self.error.encode("utf-8", "replace")[:_ERROR_BYTES]

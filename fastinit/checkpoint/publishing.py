@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fastinit.checkpoint.loading import load
 from fastinit.errors import PublishError
 
 if TYPE_CHECKING:
@@ -132,16 +133,6 @@ def record_verification(
 # -- loading into the unsharded model -----------------------------------------------------------
 
 
-def _fastinit_load() -> Callable[..., Any] | None:
-    import importlib
-
-    try:
-        fn = importlib.import_module("fastinit.checkpoint").load
-    except (ImportError, AttributeError):
-        return None
-    return fn
-
-
 def load_unsharded(checkpoint_dir: str, model: nn.Module) -> str:
     """Load a checkpoint of any world size and plan into the unsharded ``model`` in place, on a
     world of one (no process group); returns how it was read.
@@ -155,12 +146,6 @@ def load_unsharded(checkpoint_dir: str, model: nn.Module) -> str:
     if not os.path.isdir(checkpoint_dir):
         raise PublishError(f"{checkpoint_dir}: no such checkpoint directory")
     if not os.path.exists(os.path.join(checkpoint_dir, ".metadata")):
-        load = _fastinit_load()
-        if load is None:
-            raise PublishError(
-                f"{checkpoint_dir}: no DCP .metadata, and this fastinit has no "
-                "fastinit.checkpoint.load to read another format"
-            )
         try:
             report = load(checkpoint_dir, model)
         except Exception as e:  # noqa: BLE001 - CheckpointError and what DCP raises

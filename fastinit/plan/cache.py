@@ -448,7 +448,7 @@ class TorchRecPlanCache:
             return cache_metadata()
 
 
-class _ProtocolCache:
+class ProtocolCache:
     """What ``setup`` uses for an object with TorchRec's ``get``/``put``: :class:`PlanCache`'s
     interface (bytes keys, ``accept``, ``max_bytes``) over the object, keyed by the key's hex."""
 
@@ -527,7 +527,7 @@ class _ProtocolCache:
         return True
 
 
-def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | _ProtocolCache | None:
+def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | ProtocolCache | None:
     """The cache ``fastinit.setup(plan_cache=...)`` uses, or None (no cache).
 
     Args:
@@ -545,7 +545,7 @@ def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | _ProtocolCach
         directory = resolve_cache_dir(plan_cache)
         return PlanCache(directory) if directory is not None else None
     if callable(getattr(plan_cache, "get", None)) and callable(getattr(plan_cache, "put", None)):
-        return _ProtocolCache(plan_cache, world_size)
+        return ProtocolCache(plan_cache, world_size)
     raise TypeError(
         "plan_cache is a directory, a fastinit PlanCache or an object with get/put "
         "(TorchRec's PlanCache protocol); got "

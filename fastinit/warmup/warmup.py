@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastinit import compat
-from fastinit.warmup.targets import CompileConfig, _unwrap, resolve_targets
+from fastinit.warmup.targets import CompileConfig, resolve_targets, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -222,7 +222,7 @@ def swap_in_compiled(model: nn.Module, wait: float | None = 0.0) -> list[str]:
     from fastinit.warmup.precompile import PrecompiledTarget
 
     out = []
-    for path, module in _unwrap(model).named_modules():
+    for path, module in unwrap(model).named_modules():
         target = module.__dict__.get("forward")
         if isinstance(target, PrecompiledTarget) and target.swap_in(wait):
             out.append(path)

@@ -5,9 +5,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 __version__ = "0.1.0"
+if TYPE_CHECKING:
+    from fastinit import errors, knobs, trace
+    from fastinit.errors import (
+        FastinitError,
+        FastinitWarning,
+        PlanMismatchError,
+        StartupError,
+        StartupMismatchError,
+    )
+    from fastinit.pg.rendezvous import init_process_group
+    from fastinit.startup import setup
+
 __all__ = [
     "__version__",
     "setup",
@@ -15,45 +29,31 @@ __all__ = [
     "StartupError",
     "StartupMismatchError",
     "PlanMismatchError",
+    "FastinitError",
+    "FastinitWarning",
+    "errors",
     "trace",
     "knobs",
 ]
 
-if TYPE_CHECKING:
-    from fastinit import knobs, trace
-    from fastinit.errors import PlanMismatchError, StartupError, StartupMismatchError
-    from fastinit.pg.rendezvous import init_process_group
-    from fastinit.startup import setup
+_EXPORTS = {
+    "errors": ".errors",
+    "knobs": ".knobs",
+    "trace": ".trace",
+    "FastinitError": ".errors",
+    "FastinitWarning": ".errors",
+    "PlanMismatchError": ".errors",
+    "StartupError": ".errors",
+    "StartupMismatchError": ".errors",
+    "init_process_group": ".pg.rendezvous",
+    "setup": ".startup",
+    "testing": ".testing",
+    "plan": ".plan",
+    "planner": ".planner",
+    "sharding": ".sharding",
+    "pg": ".pg",
+    "warmup": ".warmup",
+    "checkpoint": ".checkpoint",
+}
 
-_STARTUP = ("setup", "StartupError", "StartupMismatchError", "PlanMismatchError")
-_MODULES = (
-    "trace",
-    "knobs",
-    "testing",
-    "plan",
-    "planner",
-    "sharding",
-    "pg",
-    "warmup",
-    "checkpoint",
-)
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name == "setup":
-        from fastinit.startup import setup
-
-        return setup
-    if name == "init_process_group":
-        from fastinit.pg.rendezvous import init_process_group
-
-        return init_process_group
-    if name in _STARTUP:
-        from fastinit import errors
-
-        return getattr(errors, name)
-    if name in _MODULES:
-        return importlib.import_module(f"fastinit.{name}")
-    raise AttributeError(f"module 'fastinit' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -24,10 +24,11 @@ Components and where they are checked:
 * ``"setup"`` — :func:`fastinit.setup` (the fast sharders, the start-up protocol, the plan
   fingerprint); ``setup`` calls ``require("setup")``. The same touches serve the sharders when
   used directly (``require("sharders")`` is an alias).
-* ``"planner"`` — :class:`fastinit.sharding.planner.FastPlanner` (ported planner internals).
+* ``"planner"`` — :class:`fastinit.planner.FastPlanner` (ported planner internals).
 * ``"pg"`` — :mod:`fastinit.pg` (TorchRec's cached node groups, torch's group timeout).
 * ``"warmup"`` — :mod:`fastinit.warmup` (sharded modules' table configs, the combined optimizer's
-  children, the train pipeline's optimizer, the ``torch.compiler`` cache-artifact API).
+  children, the train pipeline's optimizer, the ``torch.compiler`` cache-artifact API);
+  :func:`fastinit.warmup.warm_up` calls ``require("warmup")``.
 
 A check imports the modules it names and looks the names up; an attribute that TorchRec sets on
 an instance is looked for in the code of the class's methods (the names its bytecode stores or
@@ -470,7 +471,7 @@ def _file_def_loads(key: str, name: str) -> bool:
 
     from fastinit import ports
 
-    source = ports._source_in_file(key)
+    source = ports.source_in_file(key)
     if source is None:
         return False
     tree = ast.parse(textwrap.dedent(source))

@@ -74,208 +74,240 @@ class Port:
     name bound to a fastinit class) or ``assumed`` (fastinit relies on what it does)."""
 
 
-_P = "torchrec.distributed.planner."
-_D = "torchrec.distributed."
-_EN = "fastinit.planner.enumerators"
-_ES = "fastinit.planner.estimator.estimator"
-_SE = "fastinit.planner.shard_estimators"
-_TY = "fastinit.planner.types"
-_PR = "fastinit.planner.proposers"
-_PA = "fastinit.planner.partitioners"
-_PM = "fastinit.planner.perf_models"
-_PL = "fastinit.planner.planners"
-_K = "fastinit.sharding.kernels"
-_L = "fastinit.sharding.local"
-_S = "fastinit.sharding.sharders"
-_M = "fastinit.sharding._torchrec_modules"
-_MI = "fastinit.sharding.mirror."
+_TR_PLANNER = "torchrec.distributed.planner."
+_TR_DISTRIBUTED = "torchrec.distributed."
+_ENUMERATORS = "fastinit.planner.enumerators"
+_ESTIMATOR = "fastinit.planner.estimator.estimator"
+_SHARD_ESTIMATORS = "fastinit.planner.shard_estimators"
+_TYPES = "fastinit.planner.types"
+_PROPOSERS = "fastinit.planner.proposers"
+_PARTITIONERS = "fastinit.planner.partitioners"
+_PERF_MODELS = "fastinit.planner.perf_models"
+_PLANNERS = "fastinit.planner.planners"
+_KERNELS = "fastinit.sharding.kernels"
+_LOCAL = "fastinit.sharding.local"
+_SHARDERS = "fastinit.sharding.sharders"
+_MODULES = "fastinit.sharding._torchrec_modules"
+_MIRROR = "fastinit.sharding.mirror."
 
 #: ``"module:qualname"`` of the upstream object -> the fastinit code that mirrors it.
 PORTS: dict[str, Port] = {
     # -- the planner (FastPlanner, FastEnumerator, the memoising estimators) ---------------------
-    f"{_P}enumerators:EmbeddingEnumerator.__init__": Port("planner", f"{_EN}.FastEnumerator"),
-    f"{_P}enumerators:EmbeddingEnumerator.enumerate": Port(
-        "planner", f"{_EN}.FastEnumerator._enumerate_described"
+    f"{_TR_PLANNER}enumerators:EmbeddingEnumerator.__init__": Port(
+        "planner", f"{_ENUMERATORS}.FastEnumerator"
     ),
-    f"{_P}enumerators:EmbeddingEnumerator._get_num_buckets": Port(
-        "planner", f"{_EN}.FastEnumerator._num_buckets_lookup"
+    f"{_TR_PLANNER}enumerators:EmbeddingEnumerator.enumerate": Port(
+        "planner", f"{_ENUMERATORS}.FastEnumerator._enumerate_described"
     ),
-    f"{_P}enumerators:_extract_constraints_for_param": Port(
-        "planner", f"{_EN}.FastEnumerator._enumerate_described", "assumed"
+    f"{_TR_PLANNER}enumerators:EmbeddingEnumerator._get_num_buckets": Port(
+        "planner", f"{_ENUMERATORS}.FastEnumerator._num_buckets_lookup"
     ),
-    f"{_P}enumerators:EmbeddingEnumerator._get_stash_weights": Port(
-        "planner", f"{_EN}.FastEnumerator._stash_weights_lookup"
+    f"{_TR_PLANNER}enumerators:_extract_constraints_for_param": Port(
+        "planner", f"{_ENUMERATORS}.FastEnumerator._enumerate_described", "assumed"
     ),
-    f"{_P}estimator.estimator:EmbeddingPerfEstimator.estimate": Port(
-        "planner", f"{_ES}.MemoPerfEstimator"
+    f"{_TR_PLANNER}enumerators:EmbeddingEnumerator._get_stash_weights": Port(
+        "planner", f"{_ENUMERATORS}.FastEnumerator._stash_weights_lookup"
     ),
-    f"{_P}estimator.annotations:_get_annotated_method": Port(
-        "planner", f"{_ES}.with_cached_dir", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:EmbeddingPerfEstimator.estimate": Port(
+        "planner", f"{_ESTIMATOR}.MemoPerfEstimator"
     ),
-    f"{_P}estimator.estimator:EmbeddingShardingPerfEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.annotations:_get_annotated_method": Port(
+        "planner", f"{_ESTIMATOR}.with_cached_dir", "assumed"
     ),
-    f"{_P}estimator.estimator:TableWiseEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:EmbeddingShardingPerfEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.estimator:RowWiseEvaluator": Port("planner", f"{_ES}._trial_fields", "assumed"),
-    f"{_P}estimator.estimator:TableRowWiseEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:TableWiseEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.estimator:DataParallelEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:RowWiseEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.estimator:ColumnWiseEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:TableRowWiseEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.estimator:TableColumnWiseEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:DataParallelEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.estimator:GridShardEvaluator": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:ColumnWiseEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}estimator.config:EmbeddingPerfEstimatorConfig": Port(
-        "planner", f"{_ES}._trial_fields", "assumed"
+    f"{_TR_PLANNER}estimator.estimator:TableColumnWiseEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}shard_estimators:EmbeddingStorageEstimator.estimate": Port(
-        "planner", f"{_SE}.MemoStorageEstimator._storages"
+    f"{_TR_PLANNER}estimator.estimator:GridShardEvaluator": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}types:ShardingOption.__deepcopy__": Port("planner", f"{_TY}.copy_sharding_options"),
-    f"{_P}types:Shard": Port("planner", f"{_TY}.new_shard", "assumed"),
-    f"{_P}types:Storage": Port("planner", f"{_TY}.new_storage", "assumed"),
-    f"{_P}types:Perf": Port("planner", f"{_TY}.perf_from_fields", "assumed"),
-    f"{_P}proposers:GreedyProposer.load": Port("planner", f"{_PR}.GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.propose": Port("planner", f"{_PR}.GreedyReplay"),
-    f"{_P}proposers:GreedyProposer.feedback": Port("planner", f"{_PR}.GreedyReplay"),
-    f"{_P}proposers:UniformProposer.load": Port("planner", f"{_PR}.UniformReplay"),
-    f"{_P}proposers:UniformProposer.propose": Port("planner", f"{_PR}.UniformReplay"),
-    f"{_P}proposers:UniformProposer.feedback": Port("planner", f"{_PR}.UniformReplay"),
-    f"{_P}proposers:GridSearchProposer.load": Port("planner", f"{_PR}.GridReplay"),
-    f"{_P}proposers:GridSearchProposer.propose": Port("planner", f"{_PR}.GridReplay"),
-    f"{_P}proposers:GridSearchProposer.feedback": Port("planner", f"{_PR}.GridReplay"),
-    f"{_P}proposers:_sharding_option_score": Port("planner", f"{_PR}._score"),
-    f"{_P}partitioners:GreedyPerfPartitioner.partition": Port("planner", f"{_PA}.Search"),
-    f"{_P}partitioners:GreedyPerfPartitioner._establish_minheap": Port(
-        "planner", f"{_PA}._device_place"
+    f"{_TR_PLANNER}estimator.config:EmbeddingPerfEstimatorConfig": Port(
+        "planner", f"{_ESTIMATOR}._trial_fields", "assumed"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._device_partition": Port(
-        "planner", f"{_PA}._device_place"
+    f"{_TR_PLANNER}shard_estimators:EmbeddingStorageEstimator.estimate": Port(
+        "planner", f"{_SHARD_ESTIMATORS}.MemoStorageEstimator._storages"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._column_wise_device_partition": Port(
-        "planner", f"{_PA}.Search._cw_kv_place"
+    f"{_TR_PLANNER}types:ShardingOption.__deepcopy__": Port(
+        "planner", f"{_TYPES}.copy_sharding_options"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._multi_hosts_partition": Port(
-        "planner", f"{_PA}._Hosts"
+    f"{_TR_PLANNER}types:Shard": Port("planner", f"{_TYPES}.new_shard", "assumed"),
+    f"{_TR_PLANNER}types:Storage": Port("planner", f"{_TYPES}.new_storage", "assumed"),
+    f"{_TR_PLANNER}types:Perf": Port("planner", f"{_TYPES}.perf_from_fields", "assumed"),
+    f"{_TR_PLANNER}proposers:GreedyProposer.load": Port("planner", f"{_PROPOSERS}.GreedyReplay"),
+    f"{_TR_PLANNER}proposers:GreedyProposer.propose": Port("planner", f"{_PROPOSERS}.GreedyReplay"),
+    f"{_TR_PLANNER}proposers:GreedyProposer.feedback": Port(
+        "planner", f"{_PROPOSERS}.GreedyReplay"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._cohost_partition": Port("planner", f"{_PA}._Hosts"),
-    f"{_P}partitioners:GreedyPerfPartitioner._get_host_level_devices": Port(
-        "planner", f"{_PA}._Hosts"
+    f"{_TR_PLANNER}proposers:UniformProposer.load": Port("planner", f"{_PROPOSERS}.UniformReplay"),
+    f"{_TR_PLANNER}proposers:UniformProposer.propose": Port(
+        "planner", f"{_PROPOSERS}.UniformReplay"
     ),
-    f"{_P}partitioners:GreedyPerfPartitioner._uniform_partition": Port(
-        "planner", f"{_PA}.Search.evaluate"
+    f"{_TR_PLANNER}proposers:UniformProposer.feedback": Port(
+        "planner", f"{_PROPOSERS}.UniformReplay"
     ),
-    f"{_P}partitioners:OrderedDeviceHardware.__lt__": Port("planner", f"{_PA}._device_place"),
-    f"{_P}partitioners:_sort_devices_by_perf": Port("planner", f"{_PA}._Hosts"),
-    f"{_P}partitioners:_group_and_sort_non_uniform_sharding_options": Port(
-        "planner", f"{_PA}.Search.evaluate"
+    f"{_TR_PLANNER}proposers:GridSearchProposer.load": Port("planner", f"{_PROPOSERS}.GridReplay"),
+    f"{_TR_PLANNER}proposers:GridSearchProposer.propose": Port(
+        "planner", f"{_PROPOSERS}.GridReplay"
     ),
-    f"{_P}partitioners:_get_uniform_sharding_options": Port("planner", f"{_PA}.Search.evaluate"),
-    f"{_P}perf_models:NoopPerfModel.rate": Port("planner", f"{_PM}.noop_rate"),
-    f"{_P}planners:EmbeddingShardingPlanner.__init__": Port("planner", f"{_PL}.FastPlanner"),
-    f"{_P}planners:EmbeddingShardingPlanner.plan": Port(
-        "planner", f"{_PL}.FastPlanner._fast_plan, ._finish, ._raise_no_plan"
+    f"{_TR_PLANNER}proposers:GridSearchProposer.feedback": Port(
+        "planner", f"{_PROPOSERS}.GridReplay"
+    ),
+    f"{_TR_PLANNER}proposers:_sharding_option_score": Port("planner", f"{_PROPOSERS}._score"),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner.partition": Port(
+        "planner", f"{_PARTITIONERS}.Search"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._establish_minheap": Port(
+        "planner", f"{_PARTITIONERS}._device_place"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._device_partition": Port(
+        "planner", f"{_PARTITIONERS}._device_place"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._column_wise_device_partition": Port(
+        "planner", f"{_PARTITIONERS}.Search._cw_kv_place"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._multi_hosts_partition": Port(
+        "planner", f"{_PARTITIONERS}._Hosts"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._cohost_partition": Port(
+        "planner", f"{_PARTITIONERS}._Hosts"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._get_host_level_devices": Port(
+        "planner", f"{_PARTITIONERS}._Hosts"
+    ),
+    f"{_TR_PLANNER}partitioners:GreedyPerfPartitioner._uniform_partition": Port(
+        "planner", f"{_PARTITIONERS}.Search.evaluate"
+    ),
+    f"{_TR_PLANNER}partitioners:OrderedDeviceHardware.__lt__": Port(
+        "planner", f"{_PARTITIONERS}._device_place"
+    ),
+    f"{_TR_PLANNER}partitioners:_sort_devices_by_perf": Port("planner", f"{_PARTITIONERS}._Hosts"),
+    f"{_TR_PLANNER}partitioners:_group_and_sort_non_uniform_sharding_options": Port(
+        "planner", f"{_PARTITIONERS}.Search.evaluate"
+    ),
+    f"{_TR_PLANNER}partitioners:_get_uniform_sharding_options": Port(
+        "planner", f"{_PARTITIONERS}.Search.evaluate"
+    ),
+    f"{_TR_PLANNER}perf_models:NoopPerfModel.rate": Port("planner", f"{_PERF_MODELS}.noop_rate"),
+    f"{_TR_PLANNER}planners:EmbeddingShardingPlanner.__init__": Port(
+        "planner", f"{_PLANNERS}.FastPlanner"
+    ),
+    f"{_TR_PLANNER}planners:EmbeddingShardingPlanner.plan": Port(
+        "planner", f"{_PLANNERS}.FastPlanner._fast_plan, ._finish, ._raise_no_plan"
     ),
     # -- the sharded modules, their lookups, kernels and fused optimizer -------------------------
-    f"{_D}embedding_kernel:get_state_dict": Port("setup", f"{_K}.fast_classes", "rebound"),
-    f"{_D}batched_embedding_kernel:BaseBatchedEmbeddingBag.state_dict": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}embedding_kernel:get_state_dict": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:BaseBatchedEmbedding.state_dict": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BaseBatchedEmbeddingBag.state_dict": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:BatchedFusedEmbeddingBag.__init__": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BaseBatchedEmbedding.state_dict": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:BatchedFusedEmbedding.__init__": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BatchedFusedEmbeddingBag.__init__": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:BatchedFusedEmbeddingBag._param_per_table": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BatchedFusedEmbedding.__init__": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:BatchedFusedEmbedding._param_per_table": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BatchedFusedEmbeddingBag._param_per_table": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:_gen_named_parameters_by_table_fused": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:BatchedFusedEmbedding._param_per_table": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}batched_embedding_kernel:EmbeddingFusedOptimizer.__init__": Port(
-        "setup", f"{_MI}batched_embedding_kernel.fused_optimizer_init"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:_gen_named_parameters_by_table_fused": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}embedding_lookup:GroupedPooledEmbeddingsLookup._create_embedding_kernel": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}batched_embedding_kernel:EmbeddingFusedOptimizer.__init__": Port(
+        "setup", f"{_MIRROR}batched_embedding_kernel.fused_optimizer_init"
     ),
-    f"{_D}embedding_lookup:GroupedEmbeddingsLookup._create_embedding_kernel": Port(
-        "setup", f"{_K}.fast_classes", "rebound"
+    f"{_TR_DISTRIBUTED}embedding_lookup:GroupedPooledEmbeddingsLookup._create_embedding_kernel": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}embedding_sharding:group_tables": Port("setup", f"{_K}.fast_group_tables", "assumed"),
-    f"{_D}embeddingbag:ShardedEmbeddingBagCollection._initialize_torch_state": Port(
-        "setup", f"{_K}.ebc_initialize_torch_state", "rebound"
+    f"{_TR_DISTRIBUTED}embedding_lookup:GroupedEmbeddingsLookup._create_embedding_kernel": Port(
+        "setup", f"{_KERNELS}.fast_classes", "rebound"
     ),
-    f"{_D}embeddingbag:ShardedEmbeddingBagCollection.create_embedding_bag_sharding": Port(
-        "setup", f"{_K}._sharding_factory", "rebound"
+    f"{_TR_DISTRIBUTED}embedding_sharding:group_tables": Port(
+        "setup", f"{_KERNELS}.fast_group_tables", "assumed"
     ),
-    f"{_D}embeddingbag:ShardedEmbeddingBagCollection._create_lookups": Port(
-        "setup", f"{_S}.FastShardedEmbeddingBagCollection._create_lookups"
+    f"{_TR_DISTRIBUTED}embeddingbag:ShardedEmbeddingBagCollection._initialize_torch_state": Port(
+        "setup", f"{_KERNELS}.ebc_initialize_torch_state", "rebound"
     ),
-    f"{_D}embeddingbag:ShardedEmbeddingBagCollection.init_data_parallel": Port(
-        "setup", f"{_S}.FastShardedEmbeddingBagCollection.init_data_parallel"
+    f"{_TR_DISTRIBUTED}embeddingbag:ShardedEmbeddingBagCollection.create_embedding_bag_sharding": Port(
+        "setup", f"{_KERNELS}._sharding_factory", "rebound"
     ),
-    f"{_D}embeddingbag:EmbeddingBagCollectionSharder.shard": Port(
-        "setup", f"{_S}.FastEmbeddingBagCollectionSharder.shard"
+    f"{_TR_DISTRIBUTED}embeddingbag:ShardedEmbeddingBagCollection._create_lookups": Port(
+        "setup", f"{_SHARDERS}.FastShardedEmbeddingBagCollection._create_lookups"
     ),
-    f"{_D}embedding:ShardedEmbeddingCollection._initialize_torch_state": Port(
-        "setup", f"{_MI}embedding.ec_initialize_torch_state"
+    f"{_TR_DISTRIBUTED}embeddingbag:ShardedEmbeddingBagCollection.init_data_parallel": Port(
+        "setup", f"{_SHARDERS}.FastShardedEmbeddingBagCollection.init_data_parallel"
     ),
-    f"{_D}embedding:ShardedEmbeddingCollection.create_embedding_sharding": Port(
-        "setup", f"{_K}._sharding_factory", "rebound"
+    f"{_TR_DISTRIBUTED}embeddingbag:EmbeddingBagCollectionSharder.shard": Port(
+        "setup", f"{_SHARDERS}.FastEmbeddingBagCollectionSharder.shard"
     ),
-    f"{_D}embedding:ShardedEmbeddingCollection._create_lookups": Port(
-        "setup", f"{_S}.FastShardedEmbeddingCollection._create_lookups"
+    f"{_TR_DISTRIBUTED}embedding:ShardedEmbeddingCollection._initialize_torch_state": Port(
+        "setup", f"{_MIRROR}embedding.ec_initialize_torch_state"
     ),
-    f"{_D}embedding:ShardedEmbeddingCollection.init_data_parallel": Port(
-        "setup", f"{_S}.FastShardedEmbeddingCollection.init_data_parallel"
+    f"{_TR_DISTRIBUTED}embedding:ShardedEmbeddingCollection.create_embedding_sharding": Port(
+        "setup", f"{_KERNELS}._sharding_factory", "rebound"
     ),
-    f"{_D}embedding:EmbeddingCollectionSharder.shard": Port(
-        "setup", f"{_S}.FastEmbeddingCollectionSharder.shard"
+    f"{_TR_DISTRIBUTED}embedding:ShardedEmbeddingCollection._create_lookups": Port(
+        "setup", f"{_SHARDERS}.FastShardedEmbeddingCollection._create_lookups"
     ),
-    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding.__init__": Port(
-        "setup", f"{_MI}sharding.rw_sharding._OwnRankRw"
+    f"{_TR_DISTRIBUTED}embedding:ShardedEmbeddingCollection.init_data_parallel": Port(
+        "setup", f"{_SHARDERS}.FastShardedEmbeddingCollection.init_data_parallel"
     ),
-    f"{_D}sharding.rw_sharding:BaseRwEmbeddingSharding._shard": Port(
-        "setup", f"{_MI}sharding.rw_sharding._rw_tables"
+    f"{_TR_DISTRIBUTED}embedding:EmbeddingCollectionSharder.shard": Port(
+        "setup", f"{_SHARDERS}.FastEmbeddingCollectionSharder.shard"
     ),
-    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding.__init__": Port(
-        "setup", f"{_MI}sharding.dp_sharding._OwnRankDp"
+    f"{_TR_DISTRIBUTED}sharding.rw_sharding:BaseRwEmbeddingSharding.__init__": Port(
+        "setup", f"{_MIRROR}sharding.rw_sharding.OwnRankRw"
     ),
-    f"{_D}sharding.dp_sharding:BaseDpEmbeddingSharding._shard": Port(
-        "setup", f"{_MI}sharding.dp_sharding._dp_tables"
+    f"{_TR_DISTRIBUTED}sharding.rw_sharding:BaseRwEmbeddingSharding._shard": Port(
+        "setup", f"{_MIRROR}sharding.rw_sharding._rw_tables"
     ),
-    f"{_D}collective_utils:init_collective_validation": Port(
-        "setup", f"{_MI}collective_utils.set_collective_validation"
+    f"{_TR_DISTRIBUTED}sharding.dp_sharding:BaseDpEmbeddingSharding.__init__": Port(
+        "setup", f"{_MIRROR}sharding.dp_sharding.OwnRankDp"
     ),
-    f"{_D}types:ShardingEnv.from_process_group": Port(
-        "setup", f"{_MI}types.sharding_env_from_process_group"
+    f"{_TR_DISTRIBUTED}sharding.dp_sharding:BaseDpEmbeddingSharding._shard": Port(
+        "setup", f"{_MIRROR}sharding.dp_sharding._dp_tables"
     ),
-    f"{_D}model_parallel:DistributedModelParallel._shard_modules_impl": Port(
+    f"{_TR_DISTRIBUTED}collective_utils:init_collective_validation": Port(
+        "setup", f"{_MIRROR}collective_utils.set_collective_validation"
+    ),
+    f"{_TR_DISTRIBUTED}types:ShardingEnv.from_process_group": Port(
+        "setup", f"{_MIRROR}types.sharding_env_from_process_group"
+    ),
+    f"{_TR_DISTRIBUTED}model_parallel:DistributedModelParallel._shard_modules_impl": Port(
         "setup", "fastinit.plan.validate.validate_plan", "assumed"
     ),
     "torch.distributed._shard.sharded_tensor.api:"
     "ShardedTensor._init_from_local_shards_and_global_metadata": Port(
-        "setup", f"{_L}.fast_sharded_tensor, {_M}.sharded_tensor_from_checked_layout"
+        "setup", f"{_LOCAL}.fast_sharded_tensor, {_MODULES}.sharded_tensor_from_checked_layout"
     ),
     # -- process groups --------------------------------------------------------------------------
-    f"{_D}comm:intra_and_cross_node_pg": Port("pg", "fastinit.pg.registry.node_groups"),
-    f"{_D}comm:get_topology_group_world_size": Port(
+    f"{_TR_DISTRIBUTED}comm:intra_and_cross_node_pg": Port(
+        "pg", "fastinit.pg.registry.node_groups"
+    ),
+    f"{_TR_DISTRIBUTED}comm:get_topology_group_world_size": Port(
         "pg", "fastinit.pg._torchrec.default_local_size"
     ),
 }
@@ -351,11 +383,11 @@ def installed_source(key: str, obj: Any | None = None) -> str:
     qualname = key.partition(":")[2]
     if isinstance(fn, type) or getattr(fn, "__qualname__", None) == qualname:
         return source_of(fn)
-    found = _source_in_file(key)
+    found = source_in_file(key)
     return found if found is not None else source_of(fn)
 
 
-def _source_in_file(key: str) -> str | None:
+def source_in_file(key: str) -> str | None:
     """The lines (decorators included) of the ``def`` of ``key`` in its module's file, or None."""
     import ast
     import linecache
@@ -527,8 +559,8 @@ def discovered() -> dict[str, Port]:
                 continue
             for base in cls.__mro__:
                 for attr, where in (
-                    ("create_lookup", f"{_K}.create_lookup"),
-                    ("__init__", f"{_K}.fast_sharding_class"),
+                    ("create_lookup", f"{_KERNELS}.create_lookup"),
+                    ("__init__", f"{_KERNELS}.fast_sharding_class"),
                 ):
                     code = getattr(base.__dict__.get(attr), "__code__", None)
                     if code is None:

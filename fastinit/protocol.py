@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import errors, knobs, trace
-from fastinit.errors import StartupError, StartupMismatchError
+from fastinit.errors import ReplicaMismatchWarning, StartupError, StartupMismatchError
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -114,10 +114,6 @@ _META_DIGEST = 0
 _CHECKSUM_CHUNK = 1 << 24  # elements per step of the device-side checksum
 
 
-class ReplicaMismatchWarning(UserWarning):
-    """Replicated values differed across ranks; rank 0's were broadcast (named in the message)."""
-
-
 # -- the record ------------------------------------------------------------------------------
 
 
@@ -136,6 +132,21 @@ class Record:
     error: str = ""
 
     SIZE = _RECORD.size
+
+    @property
+    def has_plan(self) -> bool:
+        """This rank holds a plan (explicit, cached or planned here)."""
+        return bool(self.flags & HAS_PLAN)
+
+    @property
+    def planned(self) -> bool:
+        """This rank ran the planner."""
+        return bool(self.flags & PLANNED)
+
+    @property
+    def validate(self) -> bool:
+        """TorchRec's collective validation is on, as this rank resolved it."""
+        return bool(self.flags & VALIDATE)
 
     def pack(self) -> bytes:
         """The record's ``Record.SIZE`` bytes (the error text truncated to fit)."""

@@ -45,7 +45,11 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import _faults, compat, knobs, protocol, trace
-from fastinit.errors import StartupError
+from fastinit.errors import PlanCacheError, StartupError
+from fastinit.plan.cache import PlanCache
+from fastinit.plan.codec import encode_plan
+from fastinit.plan.provenance import record_inputs
+from fastinit.plan.summary import PlanSummary, summarize_plan, table_layouts
 from fastinit.plan.validate import check_unsharded, validate_plan
 from fastinit.protocol import Record
 
@@ -60,11 +64,11 @@ if TYPE_CHECKING:
         ShardingPlanner,
     )
 
-    from fastinit.plan.cache import PlanCache, _ProtocolCache
+    from fastinit.plan.cache import ProtocolCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["setup", "plan_key", "PlanKey"]
+__all__ = ["setup", "plan_key", "PlanKey", "plan_ahead"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -341,7 +345,7 @@ class _Local:
     fingerprint: bytes | None = None
     key: PlanKey | None = None
     """The plan key when ``setup`` looked the plan up (no explicit plan)."""
-    cache: PlanCache | _ProtocolCache | None = None
+    cache: PlanCache | ProtocolCache | None = None
     failure: Exception | None = None
 
 
@@ -506,7 +510,7 @@ def _plan_from_cache_or_planner(
 
 
 def _cache_get(
-    cache: PlanCache | _ProtocolCache,
+    cache: PlanCache | ProtocolCache,
     key: bytes,
     module: nn.Module,
     sharders: list[Any],
@@ -567,12 +571,12 @@ def _agree_on_plan(
     assert plan is not None and encoded is not None
     # Ranks whose lookup missed fill the cache (with the bytes that travelled): the planner,
     # and one rank per host.
-    flags = local.record.flags
+    record = local.record
     local_leader = os.environ.get("LOCAL_RANK", "0") == "0"
     if (
         local.cache is not None
         and local.fingerprint is not None
-        and (flags & protocol.PLANNED or (not flags & protocol.HAS_PLAN and local_leader))
+        and (record.planned or (not record.has_plan and local_leader))
     ):
         with trace.span("fastinit.plan_cache.put"):
             stored = local.cache.put(local.fingerprint, encoded)
@@ -582,7 +586,7 @@ def _agree_on_plan(
 
 
 def _describe_entry(
-    cache: PlanCache | _ProtocolCache, module: nn.Module, key: PlanKey | None
+    cache: PlanCache | ProtocolCache, module: nn.Module, key: PlanKey | None
 ) -> None:
     """Beside an entry this job wrote into a cache directory, what it was planned for
     (``<key>.inputs.json``, as ``fastinit plan`` writes it), so that a later job's miss can name
@@ -682,7 +686,7 @@ def _adopt_rank0_settings(records: Sequence[Record]) -> int:
     """Rank 0's seed (returned: the sharders are built with it) and collective-validation
     setting, from the records: what stock would broadcast, already known."""
     seed = protocol.agreed_seed(records)
-    _set_collective_validation(bool(records[0].flags & protocol.VALIDATE))
+    _set_collective_validation(records[0].validate)
     return seed
 
 
@@ -728,3 +732,101 @@ def _tracer_from_env() -> Iterator[None]:
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     with trace.traced_to(out_dir, rank):
         yield
+
+
+# -- planning ahead (``fastinit plan``) ---------------------------------------------------------
+
+
+def plan_ahead(
+    module: nn.Module,
+    cache_dir: str | os.PathLike[str],
+    *,
+    world_size: int,
+    local_world_size: int,
+    device: torch.device,
+    sharders: list[ModuleSharder[nn.Module]] | None = None,
+    planner: ShardingPlanner | None = None,
+    force: bool = False,
+) -> PlanSummary:
+    """Plan ``module`` as ``fastinit.setup`` would in a job of that shape; store it in the cache.
+
+    Args:
+        module: the model, built as the job builds it (same factory, same device: "meta").
+        cache_dir: the plan-cache directory the job will use (``plan_cache=`` or
+            ``FASTINIT_PLAN_CACHE``).
+        world_size: the job's ranks.
+        local_world_size: the job's ranks per host.
+        device: the job's compute device.
+        sharders: the sharders the job passes to ``setup`` (default TorchRec's).
+        planner: the planner the job passes to ``setup`` (default ``FastPlanner`` for the job's
+            topology).
+        force: replace an entry of the same key that holds a different plan.
+
+    Returns:
+        A :class:`PlanSummary`.
+
+    Raises:
+        ValueError: ``world_size`` is not a positive multiple of ``local_world_size``.
+        PlanCacheError: the key cannot be cached, an entry with a different plan is in the way,
+            or the cache cannot be written.
+    """
+    compat.require("planner")
+    compat.require("sharders")
+    if world_size < 1 or local_world_size < 1 or world_size % local_world_size:
+        raise ValueError(
+            f"world_size ({world_size}) must be a positive multiple of local_world_size "
+            f"({local_world_size})"
+        )
+    key = plan_key(
+        module,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        device=device,
+        sharders=sharders,
+        planner=planner,
+    )
+    if key.uncacheable is not None:
+        raise PlanCacheError(f"this job's plan cannot be cached: {key.uncacheable}")
+    cache = PlanCache(cache_dir)
+    t0 = time.perf_counter()
+    plan = key.planner.plan(module, list(key.sharders))
+    seconds = time.perf_counter() - t0
+    validate_plan(module, plan, list(key.sharders), world_size=world_size)
+    existing = cache.get(key.fingerprint)
+    status = "written"
+    if existing is not None:
+        if encode_plan(existing) == encode_plan(plan):
+            status = "unchanged"
+        elif not force:
+            raise PlanCacheError(
+                f"{cache.path(key.fingerprint)} holds a different plan for the same inputs "
+                "(a nondeterministic planner?); pass --force (force=True) to replace it"
+            )
+        else:
+            status = "replaced"
+    if status != "unchanged" and not cache.put(key.fingerprint, plan):
+        raise PlanCacheError(f"cannot write the plan cache in {cache_dir} (see the warning above)")
+    try:
+        inputs: str | None = os.fspath(
+            record_inputs(cache_dir, module, key, written_by="fastinit plan")
+        )
+    except OSError as e:
+        logger.warning("cannot describe the entry's inputs beside it: %s", e)
+        inputs = None
+    by_type, by_kernel, shards, nbytes = summarize_plan(plan, module, key.sharders, world_size)
+    return PlanSummary(
+        key=key.fingerprint.hex(),
+        entry=cache.path(key.fingerprint),
+        inputs=inputs,
+        status=status,
+        planner=f"{type(key.planner).__module__}.{type(key.planner).__qualname__}",
+        seconds=seconds,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        device=device.type,
+        tables_by_type=by_type,
+        tables_by_kernel=by_kernel,
+        rank_shards=shards,
+        rank_bytes=nbytes,
+        tables=table_layouts(plan, world_size),
+    )

@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from fastinit.errors import TraceWarning
+
 __all__ = [
     "TraceWarning",
     "Tracer",
@@ -93,10 +95,6 @@ def _tensor_bytes(obj: Any) -> int:
     if isinstance(obj, list | tuple):
         return sum(_tensor_bytes(o) for o in obj)
     return 0
-
-
-class TraceWarning(UserWarning):
-    """A trace could not be written (the job goes on untraced); the message says where and why."""
 
 
 def active() -> Tracer | None:
@@ -151,6 +149,7 @@ class span:  # noqa: N801 - reads as a keyword, like contextlib's helpers
         tracer.record(event)
 
     def __call__(self, fn: F) -> F:
+        """``fn`` run inside this span on every call."""
         name, attrs = self.name, self.attrs
 
         @functools.wraps(fn)
@@ -221,6 +220,7 @@ class Tracer:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> Tracer:
+        """Make this the process's active tracer (and count collectives if asked); returns self."""
         global _ACTIVE
         if _ACTIVE is not None:
             raise RuntimeError("a fastinit Tracer is already active in this process")
@@ -232,6 +232,7 @@ class Tracer:
         return self
 
     def stop(self) -> None:
+        """Stop recording (a no-op if not started)."""
         global _ACTIVE
         if not self._started:
             return
@@ -279,6 +280,7 @@ class Tracer:
     # -- recording -----------------------------------------------------------------------------
 
     def record(self, event: dict[str, Any]) -> None:
+        """Append ``event`` (thread-safe)."""
         with self._lock:
             self.events.append(event)
 

@@ -15,20 +15,14 @@ import platform
 import time
 from typing import Any
 
+from fastinit.testing.models import SHARDING_TYPES
+
 MODELS: dict[str, dict[str, Any]] = {
     "ebc26-planner": {"spec": {"num_tables": 26}, "plan": "planner"},
     "ec64-tw": {"spec": {"num_tables": 0, "num_ec_tables": 64}, "plan": "table_wise"},
     "mixed-7types": {
         "spec": {"num_tables": 14, "num_weighted_tables": 4},
-        "plan": [
-            "data_parallel",
-            "table_wise",
-            "column_wise",
-            "table_column_wise",
-            "row_wise",
-            "table_row_wise",
-            "grid_shard",
-        ],
+        "plan": list(SHARDING_TYPES),
     },
 }
 

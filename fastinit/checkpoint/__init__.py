@@ -28,12 +28,13 @@ docs/checkpoint.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fastinit.checkpoint.consolidation import consolidate
-    from fastinit.checkpoint.format import CheckpointError, Index, rank_dir, read_index
+    from fastinit.checkpoint.format import Index, rank_dir, read_index
     from fastinit.checkpoint.interval import IntervalChoice, choose_interval, format_choice
     from fastinit.checkpoint.loading import (
         LoadReport,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     )
     from fastinit.checkpoint.manager import CheckpointManager
     from fastinit.checkpoint.publishing import (
-        PublishError,
         PublishReport,
         load_unsharded,
         publish,
@@ -54,33 +54,7 @@ if TYPE_CHECKING:
     )
     from fastinit.checkpoint.reshard import StoredShard, overlapping
     from fastinit.checkpoint.saving import SaveHandle, close, prepare, save
-
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("IntervalChoice", "choose_interval", "format_choice"), "interval"),
-    "CheckpointManager": "manager",
-    "verify": "loading",
-    "save": "saving",
-    "prepare": "saving",
-    "close": "saving",
-    "SaveHandle": "saving",
-    "load": "loading",
-    "LoadReport": "loading",
-    "ReadPlan": "loading",
-    "plan_reads": "loading",
-    "flat_target": "loading",
-    "overlaps": "loading",
-    "consolidate": "consolidation",
-    "CheckpointError": "format",
-    "Index": "format",
-    "read_index": "format",
-    "rank_dir": "format",
-    "overlapping": "reshard",
-    "StoredShard": "reshard",
-    **dict.fromkeys(
-        ("PublishError", "PublishReport", "load_unsharded", "publish", "record_verification"),
-        "publishing",
-    ),
-}
+    from fastinit.errors import CheckpointError, PublishError
 
 __all__ = [
     "CheckpointError",
@@ -111,17 +85,35 @@ __all__ = [
     "publish",
     "record_verification",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
 
+_EXPORTS = {
+    "consolidate": ".consolidation",
+    "CheckpointError": "fastinit.errors",
+    "Index": ".format",
+    "rank_dir": ".format",
+    "read_index": ".format",
+    "IntervalChoice": ".interval",
+    "choose_interval": ".interval",
+    "format_choice": ".interval",
+    "LoadReport": ".loading",
+    "ReadPlan": ".loading",
+    "flat_target": ".loading",
+    "load": ".loading",
+    "overlaps": ".loading",
+    "plan_reads": ".loading",
+    "verify": ".loading",
+    "CheckpointManager": ".manager",
+    "PublishError": "fastinit.errors",
+    "PublishReport": ".publishing",
+    "load_unsharded": ".publishing",
+    "publish": ".publishing",
+    "record_verification": ".publishing",
+    "StoredShard": ".reshard",
+    "overlapping": ".reshard",
+    "SaveHandle": ".saving",
+    "close": ".saving",
+    "prepare": ".saving",
+    "save": ".saving",
+}
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fastinit.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fastinit.checkpoint.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

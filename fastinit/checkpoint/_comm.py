@@ -14,11 +14,12 @@ from datetime import timedelta
 from typing import Any
 
 from fastinit import knobs
+from fastinit.errors import FastinitError
 
 __all__ = ["Group", "CollectiveFailed"]
 
 
-class CollectiveFailed(RuntimeError):
+class CollectiveFailed(FastinitError, RuntimeError):
     """A checkpoint collective failed or timed out: a peer died, hung or took another path."""
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from fastinit import _faults
 from fastinit.checkpoint import format as fmt
 from fastinit.checkpoint.digest import digest
+from fastinit.errors import Taken
 
 __all__ = [
     "Taken",
@@ -32,10 +33,6 @@ __all__ = [
     "await_verdict",
     "write_failure",
 ]
-
-
-class Taken(fmt.CheckpointError):
-    """The directory was committed by another save (another job, or another save of this one)."""
 
 
 #: Left in a part's directory by a writer that failed (the error), so the file path learns it.

@@ -42,6 +42,7 @@ from typing import Any
 
 from fastinit.checkpoint.digest import digest as _digest
 from fastinit.checkpoint.digest import fsync_dir
+from fastinit.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
@@ -83,10 +84,6 @@ DCP_METADATA = ".metadata"
 _SAVE_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be saved or loaded as asked (torn, foreign, damaged, ...)."""
-
-
 def data_dir_name(save_id: str) -> str:
     """The directory (relative to the checkpoint) that holds every file of save ``save_id``."""
     return f"{DATA_DIR_PREFIX}{save_id}"
@@ -108,14 +105,17 @@ class TensorEntry:
     """``str(torch.dtype)`` without the ``torch.`` prefix; None for a non-tensor value."""
 
     def to_json(self) -> list[Any]:
+        """This entry as JSON values (its form in the index)."""
         return [self.fqn, None if self.shape is None else list(self.shape), self.dtype]
 
     @classmethod
     def from_json(cls, obj: Any) -> TensorEntry:
+        """The entry read back from :meth:`to_json`'s form."""
         fqn, shape, dtype = obj
         return cls(fqn, None if shape is None else tuple(int(x) for x in shape), dtype)
 
     def describe(self) -> str:
+        """The value's shape and dtype, for a message."""
         if self.shape is None:
             return "a non-tensor value"
         return f"shape {list(self.shape)} {self.dtype}"
@@ -149,6 +149,7 @@ class Index:
 
     @property
     def data_dir(self) -> str:
+        """This save's data directory, relative to the checkpoint."""
         return data_dir_name(self.save_id)
 
     def part_dir(self, checkpoint_dir: str, rank: int | None) -> str:
@@ -157,6 +158,7 @@ class Index:
         return os.path.join(checkpoint_dir, self.data_dir, sub)
 
     def rank_dir(self, checkpoint_dir: str, rank: int) -> str:
+        """Where ``rank``'s files of this save are (its part directory)."""
         return self.part_dir(checkpoint_dir, rank)
 
     def runs(self, fqn: str) -> tuple[Any, ...] | None:
@@ -167,6 +169,7 @@ class Index:
         return None if raw is None else tuple(ShardRun.from_json(r) for r in raw)
 
     def to_json(self) -> dict[str, Any]:
+        """This index as JSON values (the index file's content)."""
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -189,6 +192,7 @@ class Index:
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> Index:
+        """The index read back from :meth:`to_json`'s form; ``where`` names the file in errors."""
         _check_header(obj, where, "index")
         try:
             plan = obj.get("plan")
@@ -248,9 +252,11 @@ class Commit:
 
     @property
     def data_dir(self) -> str:
+        """This save's data directory, relative to the checkpoint."""
         return data_dir_name(self.save_id)
 
     def to_json(self) -> dict[str, Any]:
+        """This marker as JSON values (the commit file's content)."""
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -266,6 +272,7 @@ class Commit:
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> Commit:
+        """The marker read back from :meth:`to_json`'s form; ``where`` names the file in errors."""
         _check_header(obj, where, "commit marker")
         try:
             commit = cls(
@@ -306,6 +313,7 @@ class Item:
     segment_offset: int | None = None
 
     def to_json(self) -> list[Any]:
+        """This item as JSON values (its form in the manifest)."""
         offs = None if self.chunk_offsets is None else list(self.chunk_offsets)
         return [
             self.fqn,
@@ -319,6 +327,7 @@ class Item:
 
     @classmethod
     def from_json(cls, obj: Any) -> Item:
+        """The item read back from :meth:`to_json`'s form."""
         fqn, offs, file, offset, nbytes, digest, seg = obj
         return cls(
             str(fqn),
@@ -347,6 +356,7 @@ class Manifest:
     torch_version: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """This manifest as JSON values (the manifest file's content)."""
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -361,6 +371,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> Manifest:
+        """The manifest read back from :meth:`to_json`'s form; ``where`` names the file in errors."""
         _check_header(obj, where, "manifest")
         try:
             return cls(
@@ -378,6 +389,7 @@ class Manifest:
             ) from None
 
     def item_map(self) -> dict[tuple[str, tuple[int, ...] | None], Item]:
+        """The items by ``(fqn, chunk offsets)``."""
         return {(i.fqn, i.chunk_offsets): i for i in self.items}
 
 

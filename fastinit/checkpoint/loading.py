@@ -125,9 +125,11 @@ class ReadPlan:
     _root: str = ""
 
     def files(self) -> list[str]:
+        """The files this rank opens, relative to the checkpoint, sorted."""
         return sorted({path for path, _, _ in self.reads()})
 
     def bytes(self) -> int:
+        """The bytes this rank reads."""
         return sum(length for _, _, length in self.reads())
 
 
@@ -380,7 +382,8 @@ def plan_reads(
         checkpoint_dir: a committed fastinit checkpoint.
         state: the flat target state (FQN -> value), as :func:`flat_target` builds it.
         index: the checkpoint's index if already read.
-        rank, world_size: this rank and world size (default: the default process group's).
+        rank: this rank (default: the default process group's).
+        world_size: the world size (default: the default process group's).
         commit: the checkpoint's commit marker if already read.
     """
     import torch

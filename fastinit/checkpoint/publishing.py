@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fastinit.checkpoint.format import CheckpointError
+from fastinit.checkpoint.loading import load
+from fastinit.errors import PublishError
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +52,6 @@ logger = logging.getLogger("fastinit.checkpoint")
 
 #: The trainer's recorded batch and output, inside the checkpoint directory.
 VERIFY_FILE = "fastinit-verify.pt"
-
-
-class PublishError(CheckpointError):
-    """The checkpoint cannot be published: it does not fit the model, or the output is taken."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -136,16 +133,6 @@ def record_verification(
 # -- loading into the unsharded model -----------------------------------------------------------
 
 
-def _fastinit_load() -> Callable[..., Any] | None:
-    import importlib
-
-    try:
-        fn = importlib.import_module("fastinit.checkpoint").load
-    except (ImportError, AttributeError):
-        return None
-    return fn
-
-
 def load_unsharded(checkpoint_dir: str, model: nn.Module) -> str:
     """Load a checkpoint of any world size and plan into the unsharded ``model`` in place, on a
     world of one (no process group); returns how it was read.
@@ -159,12 +146,6 @@ def load_unsharded(checkpoint_dir: str, model: nn.Module) -> str:
     if not os.path.isdir(checkpoint_dir):
         raise PublishError(f"{checkpoint_dir}: no such checkpoint directory")
     if not os.path.exists(os.path.join(checkpoint_dir, ".metadata")):
-        load = _fastinit_load()
-        if load is None:
-            raise PublishError(
-                f"{checkpoint_dir}: no DCP .metadata, and this fastinit has no "
-                "fastinit.checkpoint.load to read another format"
-            )
         try:
             report = load(checkpoint_dir, model)
         except Exception as e:  # noqa: BLE001 - CheckpointError and what DCP raises
@@ -330,8 +311,9 @@ def publish(
         model: the unsharded model, on the CPU (parameters on "meta" are allocated first).
         batch_file: the recorded batch and output (default: the checkpoint's ``VERIFY_FILE``).
         export: write the dense part via ``torch.export``.
-        rtol, atol: the tolerance of the verification (the sharded kernels sum in another
+        rtol: the relative tolerance of the verification (the sharded kernels sum in another
             order than the unsharded modules).
+        atol: the absolute tolerance of the verification.
 
     Returns:
         The :class:`PublishReport`; ``verified`` False means the forward on the recorded batch

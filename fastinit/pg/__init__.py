@@ -15,12 +15,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from fastinit.errors import NodeGroupError
     from fastinit.pg.registry import (
         NODE_GROUP_SHARDING_TYPES,
-        NodeGroupError,
         NodeGroups,
         clear_cache,
         ensure_node_groups,
@@ -46,18 +48,18 @@ __all__ = [
     "prepare_for_plan",
 ]
 
+_EXPORTS = {
+    "NODE_GROUP_SHARDING_TYPES": ".registry",
+    "NodeGroupError": "fastinit.errors",
+    "NodeGroups": ".registry",
+    "clear_cache": ".registry",
+    "ensure_node_groups": ".registry",
+    "node_group_ranks": ".registry",
+    "node_groups": ".registry",
+    "plan_needs_node_groups": ".registry",
+    "plan_sharding_types": ".registry",
+    "prepare_for_plan": ".registry",
+    "init_process_group": ".rendezvous",
+}
 
-def __getattr__(name: str) -> Any:
-    if name == "init_process_group":
-        from fastinit.pg.rendezvous import init_process_group
-
-        return init_process_group
-    if name in __all__:
-        from fastinit.pg import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module 'fastinit.pg' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

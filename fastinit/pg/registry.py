@@ -49,6 +49,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from fastinit.errors import NodeGroupError
+
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
@@ -69,10 +71,6 @@ logger = logging.getLogger(__name__)
 
 #: Sharding types whose TorchRec sharding needs the intra- and cross-node groups.
 NODE_GROUP_SHARDING_TYPES: frozenset[str] = frozenset({"table_row_wise", "grid_shard"})
-
-
-class NodeGroupError(RuntimeError):
-    """A node group could not be created (typically: a member never joined within the timeout)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,33 +16,16 @@ names below load their module (and TorchRec) on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from fastinit.plan.cache import (
-        FastinitCacheWarning,
-        PlanCache,
-        TorchRecPlanCache,
-        as_plan_cache,
-    )
-    from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan, plan_digest
+    from fastinit.errors import FastinitCacheWarning, PlanDecodeError
+    from fastinit.plan.cache import PlanCache, TorchRecPlanCache, as_plan_cache
+    from fastinit.plan.codec import decode_plan, encode_plan, plan_digest
     from fastinit.plan.fingerprint import planner_fingerprint
     from fastinit.plan.validate import validate_plan
-
-# public name -> module that defines it (add exports here)
-_LAZY: dict[str, str] = {
-    "encode_plan": "fastinit.plan.codec",
-    "decode_plan": "fastinit.plan.codec",
-    "plan_digest": "fastinit.plan.codec",
-    "PlanDecodeError": "fastinit.plan.codec",
-    "planner_fingerprint": "fastinit.plan.fingerprint",
-    "PlanCache": "fastinit.plan.cache",
-    "TorchRecPlanCache": "fastinit.plan.cache",
-    "FastinitCacheWarning": "fastinit.plan.cache",
-    "as_plan_cache": "fastinit.plan.cache",
-    "validate_plan": "fastinit.plan.validate",
-}
 
 __all__ = [
     "FastinitCacheWarning",
@@ -57,9 +40,17 @@ __all__ = [
     "validate_plan",
 ]
 
+_EXPORTS = {
+    "FastinitCacheWarning": "fastinit.errors",
+    "PlanCache": ".cache",
+    "TorchRecPlanCache": ".cache",
+    "as_plan_cache": ".cache",
+    "PlanDecodeError": "fastinit.errors",
+    "decode_plan": ".codec",
+    "encode_plan": ".codec",
+    "plan_digest": ".codec",
+    "planner_fingerprint": ".fingerprint",
+    "validate_plan": ".validate",
+}
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fastinit.plan' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -62,7 +62,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastinit.errors import PlanMismatchError
+from fastinit.errors import FastinitCacheWarning, PlanMismatchError
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -121,10 +121,6 @@ def plan_bytes_bound(num_tables: int, world_size: int) -> int:
     tables = max(int(num_tables), 1)
     ranks = max(int(world_size), 1)
     return _BOUND_BASE + tables * (_BOUND_PER_TABLE + ranks * _BOUND_PER_SHARD)
-
-
-class FastinitCacheWarning(UserWarning):
-    """A plan-cache entry was ignored, or the cache could not be written."""
 
 
 def resolve_cache_dir(plan_cache: str | os.PathLike[str] | None) -> str | None:
@@ -452,7 +448,7 @@ class TorchRecPlanCache:
             return cache_metadata()
 
 
-class _ProtocolCache:
+class ProtocolCache:
     """What ``setup`` uses for an object with TorchRec's ``get``/``put``: :class:`PlanCache`'s
     interface (bytes keys, ``accept``, ``max_bytes``) over the object, keyed by the key's hex."""
 
@@ -531,7 +527,7 @@ class _ProtocolCache:
         return True
 
 
-def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | _ProtocolCache | None:
+def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | ProtocolCache | None:
     """The cache ``fastinit.setup(plan_cache=...)`` uses, or None (no cache).
 
     Args:
@@ -549,7 +545,7 @@ def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | _ProtocolCach
         directory = resolve_cache_dir(plan_cache)
         return PlanCache(directory) if directory is not None else None
     if callable(getattr(plan_cache, "get", None)) and callable(getattr(plan_cache, "put", None)):
-        return _ProtocolCache(plan_cache, world_size)
+        return ProtocolCache(plan_cache, world_size)
     raise TypeError(
         "plan_cache is a directory, a fastinit PlanCache or an object with get/put "
         "(TorchRec's PlanCache protocol); got "

@@ -47,6 +47,7 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fastinit.errors import PlanDecodeError, PlanEncodeError
 from fastinit.plan._json import canonical_json
 
 if TYPE_CHECKING:
@@ -74,14 +75,6 @@ _HEADER = struct.Struct(">H")
 _HEADER_LEN = len(MAGIC) + _HEADER.size
 _EMBEDDING_PLAN = "EmbeddingModuleShardingPlan"
 _REMOTE_DEVICE = "remote_device"
-
-
-class PlanDecodeError(ValueError):
-    """The bytes are not a plan this version of fastinit wrote (truncated, foreign, malformed)."""
-
-
-class PlanEncodeError(TypeError):
-    """The plan holds a value the codec cannot encode (a type outside its allowlist)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

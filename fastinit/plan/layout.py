@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from typing import TYPE_CHECKING, Any
 
+from fastinit.errors import LayoutError
+
 if TYPE_CHECKING:
     from torch.distributed._shard.metadata import ShardMetadata
 
@@ -43,10 +45,6 @@ __all__ = [
 
 _PLACEMENT = re.compile(r"^rank:(\d+)/(.+)$")
 _INDEXED = re.compile(r"^([a-z_]+):(\d+)$")
-
-
-class LayoutError(ValueError):
-    """Runs that do not describe a valid (or canonical) shard layout."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

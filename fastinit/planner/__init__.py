@@ -19,22 +19,17 @@ Nothing heavy is imported here: names below load their module (and TorchRec) on 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fastinit.planner.planners import FastPlanner
 
-# public name -> module that defines it (add exports here)
-_LAZY: dict[str, str] = {
-    "FastPlanner": "fastinit.planner.planners",
-}
-
 __all__ = ["FastPlanner"]
 
+_EXPORTS = {
+    "FastPlanner": ".planners",
+}
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fastinit.planner' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -25,6 +25,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingType
 
+from fastinit.errors import FastinitError
 from fastinit.planner import perf_models as _pm
 from fastinit.planner import types as _ty
 from fastinit.planner.types import CW_KEY_VALUE, DEVICE, HOST, UNIFORM
@@ -195,7 +196,7 @@ def _counts(pos: list[int] | None, k: int, n: int) -> list[int]:
     return out
 
 
-class Unsupported(Exception):
+class Unsupported(FastinitError):
     """A search space or setting the fast search does not replay (the stock planner runs)."""
 
 

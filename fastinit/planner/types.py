@@ -19,6 +19,8 @@ from torchrec.distributed.planner.types import (
     Storage,
 )
 
+from fastinit.errors import FastinitError
+
 # How the partitioner places an option (its ``partition_by``), as the search's option data
 # (``partitioners.Opt.kind``) holds it; column-wise key-value options have a kind of their own.
 UNIFORM = 0
@@ -172,7 +174,7 @@ def new_shard(size: list[int], offset: list[int]) -> Shard:
     return sh
 
 
-class CompactUnsupported(Exception):
+class CompactUnsupported(FastinitError):
     """An estimator result the compact search space cannot hold (the full one is built instead)."""
 
 

@@ -9,8 +9,9 @@ Nothing heavy is imported here: names below load their module (and TorchRec) on 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from fastinit.sharding.sharders import (
@@ -19,22 +20,16 @@ if TYPE_CHECKING:
         fast_sharders,
     )
 
-# public name -> module that defines it (add exports here)
-_LAZY: dict[str, str] = {
-    "FastEmbeddingBagCollectionSharder": "fastinit.sharding.sharders",
-    "FastEmbeddingCollectionSharder": "fastinit.sharding.sharders",
-    "fast_sharders": "fastinit.sharding.sharders",
-}
-
 __all__ = [
     "FastEmbeddingBagCollectionSharder",
     "FastEmbeddingCollectionSharder",
     "fast_sharders",
 ]
 
+_EXPORTS = {
+    "FastEmbeddingBagCollectionSharder": ".sharders",
+    "FastEmbeddingCollectionSharder": ".sharders",
+    "fast_sharders": ".sharders",
+}
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fastinit.sharding' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

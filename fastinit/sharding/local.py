@@ -43,8 +43,8 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from fastinit.plan.layout import LazyShards, SharedShards, validate_runs
 from fastinit.sharding import _torchrec_modules as _trc
 from fastinit.sharding import rules
-from fastinit.sharding.mirror.sharding.dp_sharding import _OwnRankDp
-from fastinit.sharding.mirror.sharding.rw_sharding import _OwnRankRw
+from fastinit.sharding.mirror.sharding.dp_sharding import OwnRankDp
+from fastinit.sharding.mirror.sharding.rw_sharding import OwnRankRw
 
 __all__ = [
     "FastRwPooledEmbeddingSharding",
@@ -57,19 +57,19 @@ __all__ = [
 ]
 
 
-class FastRwPooledEmbeddingSharding(_OwnRankRw, RwPooledEmbeddingSharding):
+class FastRwPooledEmbeddingSharding(OwnRankRw, RwPooledEmbeddingSharding):
     """``RwPooledEmbeddingSharding`` built in O(tables), not O(tables × ranks)."""
 
 
-class FastRwSequenceEmbeddingSharding(_OwnRankRw, RwSequenceEmbeddingSharding):
+class FastRwSequenceEmbeddingSharding(OwnRankRw, RwSequenceEmbeddingSharding):
     """``RwSequenceEmbeddingSharding`` built in O(tables), not O(tables × ranks)."""
 
 
-class FastDpPooledEmbeddingSharding(_OwnRankDp, DpPooledEmbeddingSharding):
+class FastDpPooledEmbeddingSharding(OwnRankDp, DpPooledEmbeddingSharding):
     """``DpPooledEmbeddingSharding`` built in O(tables), not O(tables × ranks)."""
 
 
-class FastDpSequenceEmbeddingSharding(_OwnRankDp, DpSequenceEmbeddingSharding):
+class FastDpSequenceEmbeddingSharding(OwnRankDp, DpSequenceEmbeddingSharding):
     """``DpSequenceEmbeddingSharding`` built in O(tables), not O(tables × ranks)."""
 
 

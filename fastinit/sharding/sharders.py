@@ -255,11 +255,39 @@ def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> An
 
 
 class _SeededSharder:
-    """``seed`` seeds data-parallel (and sharded) table initialisation per table FQN."""
+    """``seed`` seeds data-parallel (and sharded) table initialisation per table FQN; ``shard`` is
+    the stock sharder's, building the fast sharded module (``sharded_module_type``)."""
 
     def __init__(self, seed: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seed = seed
+
+    def _module_kwargs(self) -> dict[str, Any]:
+        """The sharded module's ``__init__`` arguments that only this kind of sharder passes."""
+        return {}
+
+    def shard(
+        self,
+        module: Any,
+        params: dict[str, Any],
+        env: Any,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> Any:
+        """The stock sharder's ``shard``, building the fast sharded module."""
+        stock: Any = self  # the sharder this mixes into holds the stock settings
+        return _construct(
+            stock.sharded_module_type,
+            self.seed,
+            module_fqn,
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=stock.fused_params,
+            device=device,
+            qcomm_codecs_registry=stock.qcomm_codecs_registry,
+            **self._module_kwargs(),
+        )
 
 
 class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSharder):
@@ -270,27 +298,8 @@ class FastEmbeddingBagCollectionSharder(_SeededSharder, EmbeddingBagCollectionSh
         **kwargs: those of ``EmbeddingBagCollectionSharder``.
     """
 
-    def shard(
-        self,
-        module: Any,
-        params: dict[str, Any],
-        env: Any,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-    ) -> ShardedEmbeddingBagCollection:
-        """``EmbeddingBagCollectionSharder.shard``, building the fast sharded module."""
-        return _construct(
-            FastShardedEmbeddingBagCollection,
-            self.seed,
-            module_fqn,
-            module=module,
-            table_name_to_parameter_sharding=params,
-            env=env,
-            fused_params=self.fused_params,
-            device=device,
-            qcomm_codecs_registry=self.qcomm_codecs_registry,
-            sharded_module_order_overwrite=self._sharded_module_order_overwrite,
-        )
+    def _module_kwargs(self) -> dict[str, Any]:
+        return {"sharded_module_order_overwrite": self._sharded_module_order_overwrite}
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingBagCollection]:
@@ -306,27 +315,8 @@ class FastEmbeddingCollectionSharder(_SeededSharder, EmbeddingCollectionSharder)
         **kwargs: those of ``EmbeddingCollectionSharder``.
     """
 
-    def shard(
-        self,
-        module: Any,
-        params: dict[str, Any],
-        env: Any,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-    ) -> ShardedEmbeddingCollection:
-        """``EmbeddingCollectionSharder.shard``, building the fast sharded module."""
-        return _construct(
-            FastShardedEmbeddingCollection,
-            self.seed,
-            module_fqn,
-            module=module,
-            table_name_to_parameter_sharding=params,
-            env=env,
-            fused_params=self.fused_params,
-            device=device,
-            qcomm_codecs_registry=self.qcomm_codecs_registry,
-            use_index_dedup=self._use_index_dedup,
-        )
+    def _module_kwargs(self) -> dict[str, Any]:
+        return {"use_index_dedup": self._use_index_dedup}
 
     @property
     def sharded_module_type(self) -> type[ShardedEmbeddingCollection]:

@@ -39,6 +39,8 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from fastinit.errors import FreshProcessError, RanksFailed
+
 __all__ = ["run_ranks", "on_ranks", "RankResult", "RanksFailed", "free_port"]
 
 
@@ -55,15 +57,8 @@ class RankResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the rank returned (no error)."""
         return self.error is None
-
-
-class RanksFailed(AssertionError):
-    """One or more ranks failed, died or timed out; the message holds each rank's story."""
-
-    def __init__(self, message: str, results: list[RankResult]):
-        super().__init__(message)
-        self.results = results
 
 
 def free_port() -> int:
@@ -401,10 +396,6 @@ def on_ranks(
         return wrapper
 
     return decorate
-
-
-class FreshProcessError(RuntimeError):
-    """A function run by :func:`call_fresh` failed, printed no result or timed out."""
 
 
 def call_fresh(

@@ -160,14 +160,17 @@ class Batch(Pipelineable):
         )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        """The batch on ``device`` (TorchRec's ``Pipelineable`` interface)."""
         return self._map(lambda t: t.to(device=device, non_blocking=non_blocking))
 
     def record_stream(self, stream: Any) -> None:
+        """Record ``stream`` on every tensor (TorchRec's ``Pipelineable`` interface)."""
         for t in (self.dense, self.sparse, self.weighted, self.labels):
             if t is not None:
                 t.record_stream(stream)
 
     def pin_memory(self) -> Batch:
+        """The batch in pinned memory (TorchRec's ``Pipelineable`` interface)."""
         return self._map(lambda t: t.pin_memory())
 
 
@@ -245,6 +248,7 @@ class RefModel(nn.Module):
         self.over_arch = _mlp(spec.over_arch, over_in, device, last_act=False)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The loss on ``batch``, and (loss, logits, labels) detached."""
         dense = self.dense_arch(batch.dense)
         sparse = self.sparse(batch.sparse, batch.weighted)
         logits = self.over_arch(torch.cat([dense, sparse], dim=1)).squeeze(-1)

@@ -17,15 +17,16 @@ No submodule is named like a public function (the batch code lives in ``batch``)
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastinit._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from fastinit.errors import BatchSchemaError, StageError
     from fastinit.warmup.batch import (
         BatchFactory,
         BatchField,
         BatchSchema,
-        BatchSchemaError,
         SparseFeature,
         check_batch,
         fast_batch,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
         CompileCacheConfig,
         module_fingerprint,
     )
-    from fastinit.warmup.graph import GraphConfig, Stage, StageError, StageGraph
+    from fastinit.warmup.graph import GraphConfig, Stage, StageGraph
     from fastinit.warmup.prefetch import CompilerPrefetch, prefetch_compiler
     from fastinit.warmup.resume import resume_stage
     from fastinit.warmup.targets import CompileConfig, resolve_targets
@@ -53,45 +54,6 @@ if TYPE_CHECKING:
         swap_in_compiled,
         warm_up,
     )
-
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("Stage", "StageError", "GraphConfig", "StageGraph"), "graph"),
-    **dict.fromkeys(
-        (
-            "SparseFeature",
-            "BatchField",
-            "BatchSchema",
-            "BatchSchemaError",
-            "BatchFactory",
-            "schema_from_model",
-            "schema_from_batch",
-            "check_batch",
-            "fast_batch",
-        ),
-        "batch",
-    ),
-    **dict.fromkeys(("CompileConfig", "resolve_targets"), "targets"),
-    **dict.fromkeys(
-        (
-            "StateSnapshot",
-            "set_thread_device",
-            "WarmupConfig",
-            "WarmupReport",
-            "compile_modules",
-            "compile_count",
-            "preserved_state",
-            "swap_in_compiled",
-            "warm_up",
-        ),
-        "warmup",
-    ),
-    **dict.fromkeys(
-        ("CompileCacheConfig", "CacheRestore", "CompileCache", "module_fingerprint"),
-        "compile_cache",
-    ),
-    "resume_stage": "resume",
-    **dict.fromkeys(("CompilerPrefetch", "prefetch_compiler"), "prefetch"),
-}
 
 __all__ = [
     "BatchFactory",
@@ -126,17 +88,39 @@ __all__ = [
     "swap_in_compiled",
     "warm_up",
 ]
-assert sorted(__all__) == sorted(_EXPORTS)
 
+_EXPORTS = {
+    "BatchFactory": ".batch",
+    "BatchField": ".batch",
+    "BatchSchema": ".batch",
+    "BatchSchemaError": "fastinit.errors",
+    "SparseFeature": ".batch",
+    "check_batch": ".batch",
+    "fast_batch": ".batch",
+    "schema_from_batch": ".batch",
+    "schema_from_model": ".batch",
+    "CacheRestore": ".compile_cache",
+    "CompileCache": ".compile_cache",
+    "CompileCacheConfig": ".compile_cache",
+    "module_fingerprint": ".compile_cache",
+    "GraphConfig": ".graph",
+    "Stage": ".graph",
+    "StageError": "fastinit.errors",
+    "StageGraph": ".graph",
+    "CompilerPrefetch": ".prefetch",
+    "prefetch_compiler": ".prefetch",
+    "resume_stage": ".resume",
+    "CompileConfig": ".targets",
+    "resolve_targets": ".targets",
+    "StateSnapshot": ".warmup",
+    "WarmupConfig": ".warmup",
+    "WarmupReport": ".warmup",
+    "compile_count": ".warmup",
+    "compile_modules": ".warmup",
+    "preserved_state": ".warmup",
+    "set_thread_device": ".warmup",
+    "swap_in_compiled": ".warmup",
+    "warm_up": ".warmup",
+}
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'fastinit.warmup' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fastinit.warmup.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

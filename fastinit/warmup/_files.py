@@ -10,7 +10,7 @@ import tempfile
 __all__: list[str] = []
 
 
-def _private_dir(path: str) -> None:
+def private_dir(path: str) -> None:
     """Create ``path`` (and missing parents) owner-only; tighten it if it exists and is ours
     (where it can be: a directory on a read-only filesystem keeps its mode)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -20,7 +20,7 @@ def _private_dir(path: str) -> None:
             os.chmod(path, 0o700)
 
 
-def _writable(path: str) -> bool:
+def writable(path: str) -> bool:
     """A file can be created in the directory ``path`` (probed: on a read-only mount, or a
     directory without write permission, ``os.access`` and the mode bits can disagree with what a
     write does, e.g. for root)."""
@@ -34,7 +34,7 @@ def _writable(path: str) -> bool:
     return True
 
 
-def _nonempty(path: str) -> bool:
+def nonempty(path: str) -> bool:
     """``path`` is a directory with at least one entry (the iterator is closed)."""
     try:
         with os.scandir(path) as entries:
@@ -43,7 +43,7 @@ def _nonempty(path: str) -> bool:
         return False
 
 
-def _untrusted(path: str) -> str | None:
+def untrusted(path: str) -> str | None:
     """Why ``path`` must not be loaded from (another owner, writable by others), or None."""
     try:
         st = os.lstat(path)
@@ -60,9 +60,9 @@ def _untrusted(path: str) -> str | None:
     return None
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
     directory = os.path.dirname(path)
-    _private_dir(directory)
+    private_dir(directory)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
         os.fchmod(fd, 0o600)

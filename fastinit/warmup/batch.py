@@ -35,6 +35,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fastinit.errors import BatchSchemaError
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -164,10 +166,6 @@ class BatchSchema:
             ),
             BatchField(name="labels", kind="tensor", dtype="torch.int64"),
         )
-
-
-class BatchSchemaError(ValueError):
-    """A batch does not have the schema the warm-up was built for."""
 
 
 #: ``make(schema, batch_size, device) -> batch``: builds a fast batch of the trainer's own type.

@@ -72,7 +72,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastinit import knobs
-from fastinit.warmup._files import _atomic_write, _nonempty, _private_dir, _untrusted, _writable
+from fastinit.warmup._files import atomic_write, nonempty, private_dir, untrusted, writable
 
 if TYPE_CHECKING:
     from torch import nn
@@ -288,7 +288,7 @@ class CompileCache:
         assert self.path is not None
         root = os.path.dirname(self.path)
         for path in (root, self.path):
-            why = _untrusted(path)
+            why = untrusted(path)
             if why is not None:
                 warnings.warn(
                     f"fastinit: not using compile cache {self.path}: {why} (the cache holds code "
@@ -297,18 +297,18 @@ class CompileCache:
                     stacklevel=3,
                 )
                 return CacheRestore(status="miss", reason=why)
-        _private_dir(self.path)
-        self.read_only = not _writable(self.path)
+        private_dir(self.path)
+        self.read_only = not writable(self.path)
         warm = False
         inductor = self.inductor_path
         if inductor is not None:
-            warm = _nonempty(inductor)
+            warm = nonempty(inductor)
             if self.read_only:
                 # Inductor writes lock files (and new graphs) into its cache directory even when
                 # it only reads: give it a private copy of what the entry holds.
                 active = self._private_copy(inductor if warm else None)
             else:
-                _private_dir(inductor)
+                private_dir(inductor)
                 active = inductor
             if not self._env_set:
                 self._saved_env = os.environ.get(_ENV)
@@ -320,7 +320,7 @@ class CompileCache:
             # with Inductor pointed at the entry: a probe builds its test libraries there.
             from fastinit.warmup.vec_isa import restore_vec_isa
 
-            vec_isa = restore_vec_isa(root, write=_writable(root)).status
+            vec_isa = restore_vec_isa(root, write=writable(root)).status
         loaded = False
         corrupt = False
         if self.config.mega_cache and not warm:
@@ -434,10 +434,10 @@ class CompileCache:
             # code), each index names its own files, and the last index written wins whole.
             digest = hashlib.sha256(data).hexdigest()
             name = digest[:32] + ".bin"
-            _atomic_write(os.path.join(self.path, _PRECOMPILED, name), data)
+            atomic_write(os.path.join(self.path, _PRECOMPILED, name), data)
             targets[path] = {"file": name, "sha256": digest, "bytes": len(data)}
         index = {"key": self.key_fields, "targets": targets, "created": time.time()}
-        _atomic_write(
+        atomic_write(
             os.path.join(self.path, _PRECOMPILED_META), json.dumps(index, indent=1).encode()
         )
         return True
@@ -598,8 +598,8 @@ class CompileCache:
             "created": time.time(),
         }
         try:
-            _atomic_write(os.path.join(self.path, _ARTIFACTS), data)
-            _atomic_write(os.path.join(self.path, _META), json.dumps(meta, indent=1).encode())
+            atomic_write(os.path.join(self.path, _ARTIFACTS), data)
+            atomic_write(os.path.join(self.path, _META), json.dumps(meta, indent=1).encode())
         except OSError as e:
             warnings.warn(
                 f"fastinit: could not save compile cache {self.path} ({type(e).__name__}: {e})",

@@ -62,6 +62,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastinit import trace
+from fastinit.errors import StageError
 
 __all__ = ["Stage", "StageError", "GraphConfig", "StageGraph"]
 
@@ -89,28 +90,6 @@ class Stage:
     def requires(self) -> tuple[str, ...]:
         """Every stage that must finish before this one."""
         return (*self.deps, *(stage for _, stage in self.inputs), *self.after)
-
-
-class StageError(RuntimeError):
-    """A stage failed (or was never reached because a peer failed); chained to the cause.
-
-    Attributes:
-        stage: the stage that failed on this rank.
-        rank: this rank.
-        first_failure: ``(stage, rank)`` of the first failure published by any rank through the
-            graph's store, when one was found (it may be another rank's).
-    """
-
-    def __init__(
-        self, stage: str, rank: int, cause: BaseException, first_failure: tuple[str, int] | None
-    ) -> None:
-        message = f"start-up stage {stage!r} failed on rank {rank}: {type(cause).__name__}: {cause}"
-        if first_failure is not None and first_failure != (stage, rank):
-            message += f" (first failure: stage {first_failure[0]!r} on rank {first_failure[1]})"
-        super().__init__(message)
-        self.stage = stage
-        self.rank = rank
-        self.first_failure = first_failure
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

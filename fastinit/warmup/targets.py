@@ -55,7 +55,7 @@ class CompileConfig:
             raise ValueError(f"batch_dim must be >= 0, got {self.batch_dim}")
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     while True:
@@ -73,7 +73,7 @@ def resolve_targets(model: nn.Module, targets: Iterable[Any]) -> list[tuple[str,
     Raises:
         AttributeError: a path names no submodule of the unwrapped model.
     """
-    root = _unwrap(model)
+    root = unwrap(model)
     out: list[tuple[str, nn.Module]] = []
     for target in targets:
         if isinstance(target, str):

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastinit import knobs
-from fastinit.warmup._files import _atomic_write, _untrusted
+from fastinit.warmup._files import atomic_write, untrusted
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _read(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
 
     if not os.path.lexists(path):
         return None
-    why = _untrusted(path)
+    why = untrusted(path)
     if why is not None:
         raise ValueError(why)
     if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -279,7 +279,7 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         "created": time.time(),
     }
     try:
-        _atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except OSError as e:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason=f"{type(e).__name__}: {e}")
     return VecIsaRestore(status="probed", isas=isas)

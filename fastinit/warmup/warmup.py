@@ -39,7 +39,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from fastinit.warmup.targets import CompileConfig, _unwrap, resolve_targets
+from fastinit import compat
+from fastinit.warmup.targets import CompileConfig, resolve_targets, unwrap
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +222,7 @@ def swap_in_compiled(model: nn.Module, wait: float | None = 0.0) -> list[str]:
     from fastinit.warmup.precompile import PrecompiledTarget
 
     out = []
-    for path, module in _unwrap(model).named_modules():
+    for path, module in unwrap(model).named_modules():
         target = module.__dict__.get("forward")
         if isinstance(target, PrecompiledTarget) and target.swap_in(wait):
             out.append(path)
@@ -547,6 +548,7 @@ class StateSnapshot:
             touched.handle.remove()
 
     def restore(self) -> None:
+        """Put back everything the snapshot holds."""
         import torch
 
         self._unhook()
@@ -703,6 +705,7 @@ def warm_up(
     """
     from fastinit.warmup._torchrec import pipeline_optimizer
 
+    compat.require("warmup")
     config = config or WarmupConfig()
     start = time.perf_counter()
     set_thread_device(_batch_device(batch))

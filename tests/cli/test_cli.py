@@ -132,10 +132,11 @@ def test_a_different_job_misses_and_says_which_input(
 ) -> None:
     import torch
 
-    from fastinit.cli import CliError, load_factory, plan_ahead
+    from fastinit.cli import load_factory
+    from fastinit.errors import PlanCacheError
     from fastinit.plan.cache import PlanCache
     from fastinit.plan.provenance import explain_miss, log_miss
-    from fastinit.startup import plan_key
+    from fastinit.startup import plan_ahead, plan_key
     from fastinit.testing.models import build_plan
 
     (tmp_path / "my_model.py").write_text(MODEL_PY)
@@ -176,7 +177,7 @@ def test_a_different_job_misses_and_says_which_input(
     key = plan_key(build(), world_size=2, local_world_size=2, device=cpu)
     other = build_plan(build(), "row_wise", world_size=2)
     assert PlanCache(cache).put(key.fingerprint, other)
-    with pytest.raises(CliError, match="different plan"):
+    with pytest.raises(PlanCacheError, match="different plan"):
         plan_ahead(build(), cache, world_size=2, local_world_size=2, device=cpu)
     again = plan_ahead(build(), cache, world_size=2, local_world_size=2, device=cpu, force=True)
     assert again.status == "replaced" and again.key == planned
@@ -195,9 +196,9 @@ def test_a_job_describes_the_entry_it_writes_as_fastinit_plan_does(
 ) -> None:
     import torch
 
-    from fastinit.cli import load_factory, plan_ahead
+    from fastinit.cli import load_factory
     from fastinit.plan.provenance import explain_miss
-    from fastinit.startup import plan_key
+    from fastinit.startup import plan_ahead, plan_key
 
     (tmp_path / "my_model.py").write_text(MODEL_PY)
     ref = f"{tmp_path / 'my_model.py'}:build"

@@ -106,6 +106,17 @@ def test_a_failed_check_is_not_remembered_as_passed(monkeypatch: pytest.MonkeyPa
     compat.require("pg")
 
 
+def test_warm_up_requires_the_warmup_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from fastinit.warmup import warm_up
+
+    absent = "torch.compiler:no_such_capability_fastinit_checks"
+    monkeypatch.setitem(compat.COMPONENTS, "warmup", (*compat.COMPONENTS["warmup"], absent))
+    with pytest.raises(CompatibilityError, match="no_such_capability_fastinit_checks"):
+        warm_up(torch.nn.Linear(2, 1), torch.zeros(1, 2))
+
+
 def test_instance_attributes_and_keyword_arguments_are_read_from_code() -> None:
     assert compat._missing("torchrec.optim.keyed:CombinedOptimizer@_optims") is None
     assert compat._missing("torchrec.optim.keyed:CombinedOptimizer@_no_such_attr") == (
@@ -151,7 +162,7 @@ def test_setup_accepts_a_source_build_in_a_fresh_process() -> None:
 
 # -- the torch/fbgemm pair: an unsupported one is named before fbgemm's own error ----------------
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # What `import fbgemm_gpu` raises with torch 2.15.0 and fbgemm-gpu-cpu 1.9.0 (issue 34).
 BROKEN_FBGEMM = (

@@ -11,16 +11,9 @@ from typing import Any
 import pytest
 
 from fastinit.testing.dist import run_ranks
+from fastinit.testing.models import SHARDING_TYPES
 
-MIXED = [
-    "data_parallel",
-    "table_wise",
-    "column_wise",
-    "table_column_wise",
-    "row_wise",
-    "table_row_wise",
-    "grid_shard",
-]
+MIXED = list(SHARDING_TYPES)
 
 
 def _stock_counts(cases: list[tuple[str, dict[str, Any], Any]]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ names = {}
 for package in ("fastinit", "fastinit.warmup", "fastinit.sharding", "fastinit.pg"):
     mod = importlib.import_module(package)
     subs = [m.name for m in pkgutil.iter_modules(mod.__path__)]
-    clash = sorted(set(subs) & set(getattr(mod, "__all__", [])) - {"trace", "knobs"})
+    clash = sorted(set(subs) & set(getattr(mod, "__all__", [])) - {"trace", "knobs", "errors"})
     assert not clash, f"{package}: submodules named like public names: {clash}"
     names[package] = (mod, subs)
 for order in ORDERS:

@@ -15,7 +15,7 @@ from torchrec.distributed.embedding_types import (
 )
 
 
-class _PerRank(Sequence[list[GroupedEmbeddingConfig]]):
+class PerRank(Sequence[list[GroupedEmbeddingConfig]]):
     """Every rank's grouped tables: this rank's built, another's built when first asked for."""
 
     def __init__(
@@ -44,7 +44,7 @@ class _PerRank(Sequence[list[GroupedEmbeddingConfig]]):
         return got
 
 
-def _table(info: EmbeddingShardingInfo, **fields: Any) -> ShardedEmbeddingTable:
+def sharded_table(info: EmbeddingShardingInfo, **fields: Any) -> ShardedEmbeddingTable:
     """The ``ShardedEmbeddingTable`` fields TorchRec's row-wise and data-parallel ``_shard``
     both set from the table config, plus ``fields`` (those that differ between them)."""
     config = info.embedding_config

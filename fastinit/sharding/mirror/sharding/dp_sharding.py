@@ -1,7 +1,7 @@
 """Mirrors ``torchrec/distributed/sharding/dp_sharding.py``: ``BaseDpEmbeddingSharding``'s
 ``__init__`` and ``_shard``, building this rank's tables only (another rank's when asked for).
 
-:mod:`fastinit.sharding.local` builds the fast data-parallel shardings on :class:`_OwnRankDp`.
+:mod:`fastinit.sharding.local` builds the fast data-parallel shardings on :class:`OwnRankDp`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from torchrec.distributed.embedding_sharding import (
 from torchrec.distributed.embedding_types import ShardedEmbeddingTable
 from torchrec.distributed.types import ShardingEnv
 
-from fastinit.sharding.mirror.sharding._own_rank import _PerRank, _table
+from fastinit.sharding.mirror.sharding._own_rank import PerRank, sharded_table
 
 
 def _dp_tables(infos: list[EmbeddingShardingInfo]) -> list[ShardedEmbeddingTable]:
     """``BaseDpEmbeddingSharding._shard(infos)[rank]`` (the same for every rank)."""
     return [
-        _table(
+        sharded_table(
             info,
             local_rows=info.param.size(0),
             local_cols=info.param.size(1),
@@ -32,7 +32,7 @@ def _dp_tables(infos: list[EmbeddingShardingInfo]) -> list[ShardedEmbeddingTable
     ]
 
 
-class _OwnRankDp:
+class OwnRankDp:
     """``BaseDpEmbeddingSharding.__init__`` (torchrec 1.8.0), building this rank's tables only."""
 
     def __init__(
@@ -47,7 +47,7 @@ class _OwnRankDp:
         self._rank = env.rank
         self._world_size = env.world_size
         own = group_tables([_dp_tables(sharding_infos)])[0]
-        self._grouped_embedding_configs_per_rank = _PerRank(
+        self._grouped_embedding_configs_per_rank = PerRank(
             self._world_size,
             self._rank,
             own,

@@ -1,7 +1,7 @@
 """Mirrors ``torchrec/distributed/sharding/rw_sharding.py``: ``BaseRwEmbeddingSharding``'s
 ``__init__`` and ``_shard``, building this rank's tables only (another rank's when asked for).
 
-:mod:`fastinit.sharding.local` builds the fast row-wise shardings on :class:`_OwnRankRw`.
+:mod:`fastinit.sharding.local` builds the fast row-wise shardings on :class:`OwnRankRw`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torchrec.distributed.embedding_types import ShardedEmbeddingTable
 from torchrec.distributed.types import ShardingEnv
 
 from fastinit.plan.layout import LazyShards, SharedShards
-from fastinit.sharding.mirror.sharding._own_rank import _PerRank, _table
+from fastinit.sharding.mirror.sharding._own_rank import PerRank, sharded_table
 
 
 def _size(info: EmbeddingShardingInfo) -> torch.Size:
@@ -67,7 +67,7 @@ def _rw_tables(
             )
         local = global_metadata.shards_metadata[rank]
         tables.append(
-            _table(
+            sharded_table(
                 info,
                 local_rows=local.shard_sizes[0],
                 local_cols=config.embedding_dim,
@@ -84,7 +84,7 @@ def _rw_tables(
     return tables
 
 
-class _OwnRankRw:
+class OwnRankRw:
     """``BaseRwEmbeddingSharding.__init__`` (torchrec 1.8.0), building this rank's tables only."""
 
     def __init__(
@@ -109,7 +109,7 @@ class _OwnRankRw:
         self._need_pos = need_pos
         cache: dict[int, Any] = {}
         own = group_tables([_rw_tables(self, sharding_infos, self._rank, cache)])[0]
-        self._grouped_embedding_configs_per_rank = _PerRank(
+        self._grouped_embedding_configs_per_rank = PerRank(
             self._world_size,
             self._rank,
             own,

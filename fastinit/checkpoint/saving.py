@@ -52,7 +52,14 @@ from fastinit.checkpoint.state import (
     is_sharded,
     shard0_rank,
 )
-from fastinit.checkpoint.writer import Part, WriteJob, WriterProcess, WriterThread, Written
+from fastinit.checkpoint.writer import (
+    Part,
+    WriteJob,
+    WriterProcess,
+    WriterThread,
+    Written,
+    commit_written,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -488,26 +495,25 @@ class SaveHandle:
         group = self._group
         try:
             if group.rank == 0:
-                if not own.ok:
-                    raise fmt.CheckpointError(f"rank 0 failed: {own.error}")
-                manifests = commits.gather_manifests(
-                    self.checkpoint_dir, self.save_id, group.world_size, timeout=group.timeout
-                )
-                commits.commit(
-                    self.checkpoint_dir,
-                    self.save_id,
-                    index_digest=own.index,
-                    manifests=manifests,
-                    replicated=own.replicated,
-                    torch_version=_torch_version(),
-                    job=_job(),
-                )
+                self._commit_written(own)
             else:
                 commits.await_verdict(self.checkpoint_dir, self.save_id, timeout=group.timeout)
         except fmt.CheckpointError as e:
             if group.rank == 0:
                 commits.abort(self.checkpoint_dir, self.save_id, str(e))
             raise fmt.CheckpointError(f"{e} (the commit messages failed first: {cause})") from cause
+
+    def _commit_written(self, own: Written) -> None:
+        """Rank 0: the commit from the manifests on disk (no messages)."""
+        commit_written(
+            self.checkpoint_dir,
+            self.save_id,
+            self._group.world_size,
+            own,
+            timeout=self._group.timeout,
+            torch_version=_torch_version(),
+            job=_job(),
+        )
 
     def _finish_at_exit(self) -> None:
         """At exit, with no writer process: finish the write; rank 0 commits from the files."""
@@ -519,23 +525,7 @@ class SaveHandle:
         if self._group.rank != 0:
             return
         try:
-            if not own.ok:
-                raise fmt.CheckpointError(own.error)
-            manifests = commits.gather_manifests(
-                self.checkpoint_dir,
-                self.save_id,
-                self._group.world_size,
-                timeout=self._group.timeout,
-            )
-            commits.commit(
-                self.checkpoint_dir,
-                self.save_id,
-                index_digest=own.index,
-                manifests=manifests,
-                replicated=own.replicated,
-                torch_version=_torch_version(),
-                job=_job(),
-            )
+            self._commit_written(own)
         except fmt.CheckpointError as e:
             commits.abort(self.checkpoint_dir, self.save_id, str(e))
 

@@ -310,22 +310,43 @@ def write_job(job: WriteJob, segment: Segment) -> Written:
     return out
 
 
+def commit_written(
+    checkpoint_dir: str,
+    save_id: str,
+    world_size: int,
+    own: Written,
+    *,
+    timeout: float,
+    torch_version: str,
+    job: str,
+) -> None:
+    """Rank 0: commit save ``save_id`` from the manifests the ranks wrote (no messages); raises
+    :class:`~fastinit.checkpoint.format.CheckpointError` if rank 0's write or any rank's failed."""
+    if not own.ok:
+        raise fmt.CheckpointError(f"rank 0 failed: {own.error}")
+    manifests = commits.gather_manifests(checkpoint_dir, save_id, world_size, timeout=timeout)
+    commits.commit(
+        checkpoint_dir,
+        save_id,
+        index_digest=own.index,
+        manifests=manifests,
+        replicated=own.replicated,
+        torch_version=torch_version,
+        job=job,
+    )
+
+
 def commit_from_files(job: WriteJob, own: Written) -> None:
     """Rank 0 without its trainer: commit (or abort) save ``job`` from the ranks' manifests."""
     if os.path.exists(fmt.abort_file(job.checkpoint_dir, job.save_id)):
         return  # the trainer decided (and recorded) that it failed
     try:
-        if not own.ok:
-            raise fmt.CheckpointError(f"rank 0 failed: {own.error}")
-        manifests = commits.gather_manifests(
-            job.checkpoint_dir, job.save_id, job.world_size, timeout=job.timeout
-        )
-        commits.commit(
+        commit_written(
             job.checkpoint_dir,
             job.save_id,
-            index_digest=own.index,
-            manifests=manifests,
-            replicated=own.replicated,
+            job.world_size,
+            own,
+            timeout=job.timeout,
             torch_version=job.torch_version,
             job=job.job,
         )

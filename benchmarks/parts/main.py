@@ -48,15 +48,14 @@ def _run(
 ) -> dict[str, Any]:
     prepare(layout, scenario)
     load = _load()
-    spec = RunSpec(
+    spec = RunSpec.in_layout(
+        layout,
+        data_root=args.out,
         mode=v.mode,
         model=model,
         cache=scenario,
         out=out,
-        inductor_dir=layout.inductor_dir,
-        cache_dir=layout.cache_dir,
         nproc=args.nproc,
-        data_dir=os.path.join(args.out, "data"),
         compile=v.compile,
         launcher="torchrun",
         timeout_s=args.timeout,

@@ -549,15 +549,14 @@ def run(
             out = os.path.join(config.out, "runs", model, "checkpoint-heavy", label, f"r{r}")
             kill_file = os.path.abspath(os.path.join(out, "kill.json"))
             kill = KillAt(rank=config.nproc - 1, step=heavy.kill_step, record=kill_file)
-            spec = RunSpec(
+            spec = RunSpec.in_layout(
+                layout,
+                data_root=config.out,
                 mode=mode,
                 model=model,
                 cache="recover",
                 out=out,
-                inductor_dir=layout.inductor_dir,
-                cache_dir=layout.cache_dir,
                 nproc=config.nproc,
-                data_dir=os.path.join(config.out, "data"),
                 batch_size=config.batch_size,
                 compile=config.compile,
                 launcher=config.launcher,

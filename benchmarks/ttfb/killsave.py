@@ -134,15 +134,14 @@ class KillSave:
 def _spec(ks: KillSave, layout: Any, out: str, **kw: Any) -> Any:
     from benchmarks.ttfb.launch import RunSpec
 
-    return RunSpec(
+    return RunSpec.in_layout(
+        layout,
+        data_root=ks.out,
         mode=ks.mode,
         model=ks.model,
         cache="recover",
         out=out,
-        inductor_dir=layout.inductor_dir,
-        cache_dir=layout.cache_dir,
         nproc=ks.nproc,
-        data_dir=os.path.join(ks.out, "data"),
         compile=False,
         launcher="torchrun",
         timeout_s=ks.timeout_s,

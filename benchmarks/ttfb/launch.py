@@ -56,6 +56,18 @@ class RunSpec:
     """More arguments of ``benchmarks.ttfb.trainer`` (``--fastinit-parts setup``); the torchrun
     launcher only."""
 
+    @classmethod
+    def in_layout(cls, layout: Any, *, data_root: str, **fields: Any) -> RunSpec:
+        """A launch on a mode's directories (``layout``: a
+        :class:`~benchmarks.ttfb.scenarios.Layout`, its Inductor cache and shared storage) and
+        the dataset under ``data_root``; ``fields`` as the class's."""
+        return cls(
+            inductor_dir=layout.inductor_dir,
+            cache_dir=layout.cache_dir,
+            data_dir=os.path.join(data_root, "data"),
+            **fields,
+        )
+
     def __post_init__(self) -> None:
         if self.trainer_args and self.launcher != "torchrun":
             raise ValueError("trainer_args need the torchrun launcher")

@@ -114,15 +114,14 @@ def _say(msg: str) -> None:
 
 
 def _spec(config: BenchConfig, layout: Layout, model: str, scenario: str, out: str) -> RunSpec:
-    return RunSpec(
+    return RunSpec.in_layout(
+        layout,
+        data_root=config.out,
         mode=layout.mode,
         model=model,
         cache=scenario,
         out=out,
-        inductor_dir=layout.inductor_dir,
-        cache_dir=layout.cache_dir,
         nproc=config.nproc,
-        data_dir=os.path.join(config.out, "data"),
         batch_size=config.batch_size,
         compile=config.compile,
         launcher=config.launcher,

@@ -10,6 +10,7 @@ nothing is sent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -92,13 +93,17 @@ class Group:
 
     def all_reduce_min(self, value: int, what: str) -> int:
         """The minimum of ``value`` (an int64) over the ranks."""
+        return self.all_reduce_mins([value], what)[0]
+
+    def all_reduce_mins(self, values: Sequence[int], what: str) -> list[int]:
+        """The minimum of each of ``values`` (int64s) over the ranks, in one all_reduce."""
         if not self.distributed:
-            return value
+            return list(values)
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([value], dtype=torch.int64, device=self._device())
+        t = torch.tensor(list(values), dtype=torch.int64, device=self._device())
         work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.pg, async_op=True)
         self.sent += 1
         self._wait(work, what)
-        return int(t.item())
+        return [int(v) for v in t.tolist()]

@@ -173,20 +173,64 @@ class CheckpointManager:
     ) -> LoadReport | None:
         """Load the newest committed checkpoint that loads (every rank alike); None if none.
 
-        The step loaded is :attr:`loaded_step`. A newest checkpoint that fails to load (on any
-        rank: the verdict is every rank's) is skipped for the one before it, with a warning.
+        The step loaded is :attr:`loaded_step`, the same on every rank: the ranks agree on the
+        newest step all of them see committed (a commit that lands while they look, such as a
+        restarted job's predecessor's writers finishing its last save, is seen by some ranks
+        only), then on each load's verdict and step (one all_reduce each). A newest checkpoint
+        that fails to load (on any rank: the verdict is every rank's) is skipped for the one
+        before it, with a warning.
+
+        Raises:
+            CheckpointError: on every rank alike: no checkpoint loads, the ranks do not see the
+                same checkpoints (a directory that is not shared), or a peer failed.
         """
+        from fastinit.checkpoint._comm import CollectiveFailed, Group
         from fastinit.checkpoint.loading import load
 
+        group = Group()
         steps = self.committed()
+        mine = steps[-1] if steps else -1
+        try:
+            low, high = group.all_reduce_mins([mine, -mine], "load_latest's newest step")
+        except CollectiveFailed as e:
+            raise fmt.CheckpointError(f"{self.root}: {e}") from e
+        high = -high
+        if low != high:
+            if low < 0:
+                raise fmt.CheckpointError(
+                    f"{self.root}: some ranks see no committed checkpoint, others see step "
+                    f"{high}: is the directory shared by every rank?"
+                )
+            warnings.warn(
+                f"fastinit.checkpoint: under {self.root} the ranks see step {low} to step {high} "
+                f"as the newest committed (a commit landed while they looked); loading step {low}",
+                stacklevel=2,
+            )
         errors = []
-        for step in reversed(steps):
+        for step in reversed([s for s in steps if s <= low]):
+            error: fmt.CheckpointError | None = None
+            report = None
             try:
-                report = load(self.path(step), model, optimizers, strict=strict)
+                report = load(self.path(step), model, optimizers, strict=strict, agree=False)
             except fmt.CheckpointError as e:
-                errors.append(f"step {step}: {e}")
+                error = e
+            mine_ok = group.rank if error is not None else group.world_size
+            try:
+                failed, lo, hi = group.all_reduce_mins(
+                    [mine_ok, step, -step], "load_latest's verdict"
+                )
+            except CollectiveFailed as e:
+                raise fmt.CheckpointError(f"loading {self.path(step)}: {e}") from e
+            if lo != -hi:
+                raise fmt.CheckpointError(
+                    f"{self.root}: the ranks reached different steps ({lo} to {-hi}): the "
+                    "ranks do not see the same checkpoints; is the directory shared?"
+                )
+            if failed < group.world_size:
+                why = str(error) if error is not None else f"it failed on rank {failed}"
+                errors.append(f"step {step}: {why}")
                 warnings.warn(
-                    f"fastinit.checkpoint: the checkpoint of step {step} did not load ({e}); "
+                    f"fastinit.checkpoint: the checkpoint of step {step} did not load ({why}); "
                     "trying the one before it",
                     stacklevel=2,
                 )

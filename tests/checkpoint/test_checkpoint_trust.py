@@ -18,7 +18,17 @@ import time
 from typing import Any
 
 import pytest
-from test_checkpoint import PLAN_A, PLAN_B, _build, _diff, _error_of, _local, _stock_save, _train
+from test_checkpoint import (
+    PLAN_A,
+    PLAN_B,
+    _build,
+    _diff,
+    _error_of,
+    _local,
+    _stock_save,
+    _train,
+)
+from test_checkpoint import SPEC as _SPEC
 
 from fastinit.testing.dist import RanksFailed, run_ranks
 
@@ -216,17 +226,6 @@ def _trust_rank(root: str) -> dict[str, Any]:
     state = build_state(t2, t2_opts)
     dcp.load(state, checkpoint_id=stock)
     return out
-
-
-_SPEC = {
-    "num_tables": 5,
-    "num_weighted_tables": 1,
-    "num_ec_tables": 2,
-    "rows": 40,
-    "dims": (8, 16),
-    "ec_dim": 8,
-    "fp16_every": 4,
-}
 
 
 def _dense(model: Any) -> Any:
@@ -576,6 +575,49 @@ def test_an_adopted_buffer_names_its_new_owner() -> None:
         saver.writer.close()
         with contextlib.suppress(OSError):
             os.unlink(str(segment.path))
+
+
+def _newest_seen_rank(root: str) -> dict[str, Any]:
+    """Steps 1 and 2 committed; rank 0 lists the directory before step 2's commit landed (as a
+    restarted job sees its predecessor's writers finish the last save), rank 1 after it."""
+    import warnings
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=4)
+    manager = checkpoint.CheckpointManager(f"{root}/newest")
+    refs = {}
+    for step in (1, 2):
+        _train(model, opts, seed=40 + step)
+        refs[step] = _local(model, opts)
+        manager.save(step, model, opts)
+        manager.wait()
+    fresh, fresh_opts = _build(PLAN_A, seed=5)
+    late = checkpoint.CheckpointManager(f"{root}/newest")
+    if _rank() == 0:
+        late.committed = lambda: [1]  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        late.load_latest(fresh, fresh_opts)
+    out: dict[str, Any] = {
+        "step": late.loaded_step,
+        "diff": _diff(refs[1], _local(fresh, fresh_opts)),
+        "warned": any("step 1 to step 2" in str(w.message) for w in caught),
+    }
+    # A rank that sees no checkpoint where the others see some: the same error on every rank.
+    blind = checkpoint.CheckpointManager(f"{root}/newest")
+    if _rank() == 1:
+        blind.committed = lambda: []  # type: ignore[method-assign]
+    out["blind"] = _error_of(lambda: blind.load_latest(fresh, fresh_opts))
+    return out
+
+
+def test_every_rank_loads_the_same_step_when_a_commit_lands_while_they_look(
+    tmp_path: Any,
+) -> None:
+    for out in run_ranks(_newest_seen_rank, 2, args=(str(tmp_path),), timeout=400):
+        assert out["step"] == 1 and out["diff"] == [] and out["warned"], out
+        assert "is the directory shared" in out["blind"], out
 
 
 def _tier_save_rank(root: str) -> dict[str, Any]:

@@ -175,12 +175,13 @@ def gather_manifests(
     return [d for d in digests if d is not None]
 
 
-def _reason(path: str) -> str:
+def _reason(path: str, key: str = "error") -> str:
+    """What the failure (``key="error"``) or abort (``key="reason"``) record at ``path`` says."""
     try:
         with open(path, "rb") as f:
-            return str(json.loads(f.read()).get("error", "unknown"))
+            return str(json.loads(f.read()).get(key, "unknown"))
     except (OSError, ValueError, AttributeError):
-        return "unknown (its failure record is unreadable)"
+        return f"unknown (the record {os.path.basename(path)} is unreadable)"
 
 
 def await_verdict(checkpoint_dir: str, save_id: str, *, timeout: float) -> None:
@@ -213,7 +214,7 @@ def await_verdict(checkpoint_dir: str, save_id: str, *, timeout: float) -> None:
                 )
         if os.path.exists(aborted):
             raise fmt.CheckpointError(
-                f"saving {checkpoint_dir} failed: {_reason_of_abort(aborted)}; nothing was "
+                f"saving {checkpoint_dir} failed: {_reason(aborted, 'reason')}; nothing was "
                 "committed"
             )
         waited = time.monotonic() - start
@@ -223,11 +224,3 @@ def await_verdict(checkpoint_dir: str, save_id: str, *, timeout: float) -> None:
                 "(FASTINIT_COLLECTIVE_TIMEOUT); it is not committed"
             )
         _sleep(waited)
-
-
-def _reason_of_abort(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return str(json.loads(f.read()).get("reason", "unknown"))
-    except (OSError, ValueError, AttributeError):
-        return "unknown (the abort record is unreadable)"

@@ -21,13 +21,34 @@ expects it (a TorchRec upgrade) is a :class:`fastinit.errors.CompatibilityError`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["rebound", "create_lookup", "fast_classes"]
+__all__ = ["rebound", "create_lookup", "fast_classes", "tables_seeded_after"]
+
+#: True while a fast sharded module is built whose tables are initialised afterwards from their
+#: ``(seed, FQN)`` blocks (:func:`tables_seeded_after`); per thread and task.
+_SEEDED_AFTER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fastinit_tables_seeded_after", default=False
+)
+
+
+@contextlib.contextmanager
+def tables_seeded_after() -> Iterator[None]:
+    """Within: the fast kernels built skip their own initialisation of tables that the sharded
+    module initialises right after construction (``reset_parameters``: every table with an
+    ``init_fn``), so each value is written once instead of twice. Stock TorchRec writes every
+    table twice: the kernel's ``uniform_`` in its ``__init__``, then ``reset_parameters``."""
+    token = _SEEDED_AFTER.set(True)
+    try:
+        yield
+    finally:
+        _SEEDED_AFTER.reset(token)
 
 
 def rebound(func: Callable[..., Any], **names: Any) -> Any:
@@ -132,9 +153,16 @@ def fast_classes() -> types.SimpleNamespace:
     get_state_dict = rebound(ek.get_state_dict, ShardedTensor=st)
 
     def kernel(stock: Any, base: Any, fused: bool) -> type:
+        def init_parameters(self: Any) -> None:
+            # TorchRec's, except while every table here is seeded right after construction
+            tables = self._config.embedding_tables
+            if not (_SEEDED_AFTER.get() and all(t.init_fn is not None for t in tables)):
+                stock.init_parameters(self)
+
         body: dict[str, Any] = {
             "__doc__": f"TorchRec's ``{stock.__name__}``, its ShardedTensors built locally.",
             "state_dict": rebound(base.state_dict, get_state_dict=get_state_dict),
+            "init_parameters": init_parameters,
         }
         if fused:
             body["__init__"] = rebound(stock.__init__, EmbeddingFusedOptimizer=optimizer)

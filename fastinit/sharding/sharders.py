@@ -238,15 +238,18 @@ class FastShardedEmbeddingCollection(_FastStateMixin, ShardedEmbeddingCollection
 
 
 def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> Any:
-    """Build a fast sharded module: TorchRec's ``__init__`` under a scratch generator (its
-    kernels' own initialisation never touches the global RNG), then every table from its
-    ``(seed, FQN)`` blocks, once."""
+    """Build a fast sharded module: TorchRec's ``__init__`` under a scratch generator (what its
+    kernels still draw never touches the global RNG) with the kernels' own initialisation of
+    seeded tables skipped, then every table from its ``(seed, FQN)`` blocks, once."""
     sharded = cls.__new__(cls)
     sharded._fastinit_seed = seed
     sharded._fastinit_fqn = module_fqn or ""
     sharded._fastinit_building = True
     try:
-        with seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"):
+        with (
+            seeding.scratch_rng(seed, f"{module_fqn or ''}\0construct"),
+            _kernels.tables_seeded_after(),
+        ):
             sharded.__init__(module_fqn=module_fqn, **kwargs)
     finally:
         sharded._fastinit_building = False

@@ -507,3 +507,40 @@ def test_fast_sharders_are_seeded_copies_and_never_change_the_given_ones() -> No
     assert got[1] is not fast and got[1].seed == 9 and fast.seed == 5
     assert got[2] is not composite and got[2]._ebc_sharder.seed == 9
     assert composite._ebc_sharder is fast and fast.seed == 5  # the given ones: unchanged
+
+
+def _kernel_inits(world: int) -> dict[str, int]:
+    """How often the kernels' own initialisation runs while fastinit builds the model, and once
+    it is built (outside construction a kernel initialises itself as TorchRec's does)."""
+    from torchrec.distributed import batched_embedding_kernel as bek
+
+    calls = {"construction": 0}
+    for cls in (bek.BaseBatchedEmbeddingBag, bek.BaseBatchedEmbedding):
+        stock = cls.__dict__["init_parameters"]
+
+        def counted(self: Any, _stock: Any = stock) -> None:
+            calls["construction"] += 1
+            _stock(self)
+
+        cls.init_parameters = counted  # this rank's process only: it exits after the test
+    model = _build(seed=4, world=world, shift=1)
+    built = calls["construction"]
+    kernels = [
+        kernel
+        for module in model.modules()
+        for lookup in getattr(module, "_lookups", [])
+        for kernel in getattr(lookup, "_emb_modules", [])
+        if isinstance(kernel, (bek.BaseBatchedEmbeddingBag, bek.BaseBatchedEmbedding))
+    ]
+    for k in kernels:
+        k.init_parameters()
+    return {"construction": built, "kernels": len(kernels), "after": calls["construction"] - built}
+
+
+def test_kernels_leave_seeded_tables_to_the_seeded_init() -> None:
+    # Stock writes every table twice (the kernel's uniform_, then reset_parameters); fastinit's
+    # kernels skip their own pass for tables initialised from (seed, FQN) blocks right after.
+    for r in run_ranks(_kernel_inits, 2, args=(2,), timeout=300):
+        assert r["kernels"] > 0
+        assert r["construction"] == 0, r
+        assert r["after"] == r["kernels"], r

@@ -157,17 +157,29 @@ class CriteoFiles(IterableDataset):
         spec: the model spec (feature names).
         batch_size: samples per batch.
         rank: this trainer rank; world_size: ranks.
+        start: the first batch (a resumed job's position): the loader yields exactly what it
+            would after ``start`` batches, and the skipped batches are counted, not built (as a
+            stateful data loader resumes).
     """
 
     def __init__(
-        self, path: str, spec: ModelSpec, batch_size: int, rank: int, world_size: int
+        self,
+        path: str,
+        spec: ModelSpec,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        start: int = 0,
     ) -> None:
         super().__init__()
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
         self.path = path
         self.spec = spec
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
+        self.start = start
 
     def __iter__(self) -> Iterator[Any]:
         import numpy as np
@@ -179,6 +191,12 @@ class CriteoFiles(IterableDataset):
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        # The DataLoader takes batch n from worker n % workers. Batch n after ``start`` is batch
+        # start + n of the whole sequence, which worker (start + n) % workers makes as its
+        # ((start + n) // workers)-th: so this worker plays worker (start + worker) % workers and
+        # skips its first (start + worker) // workers batches.
+        skip = (self.start + worker) // workers
+        worker = (self.start + worker) % workers
         files = sorted(f for f in os.listdir(self.path) if f.endswith(".npz"))
         reader = self.rank * workers + worker
         readers = self.world_size * workers
@@ -194,6 +212,9 @@ class CriteoFiles(IterableDataset):
                 offsets = np.zeros(t * n + 1, dtype=np.int64)
                 np.cumsum(lengths.reshape(-1), out=offsets[1:])
                 for s in range(0, n - b + 1, b):
+                    if skip:
+                        skip -= 1
+                        continue
                     e = s + b
                     idx = [(offsets[i * n + s], offsets[i * n + e]) for i in range(t)]
                     vals = np.concatenate([values[lo:hi] for lo, hi in idx])
@@ -210,13 +231,19 @@ class CriteoFiles(IterableDataset):
 
 
 def make_loader(
-    path: str, spec: ModelSpec, config: DataConfig, rank: int = 0, world_size: int = 1
+    path: str,
+    spec: ModelSpec,
+    config: DataConfig,
+    rank: int = 0,
+    world_size: int = 1,
+    start: int = 0,
 ) -> Any:
-    """A ``torch.utils.data.DataLoader`` over the dataset (batches are built by the workers)."""
+    """A ``torch.utils.data.DataLoader`` over the dataset (batches are built by the workers),
+    from batch ``start`` on."""
     from torch.utils.data import DataLoader
 
     return DataLoader(
-        CriteoFiles(path, spec, config.batch_size, rank, world_size),
+        CriteoFiles(path, spec, config.batch_size, rank, world_size, start),
         batch_size=None,
         num_workers=config.num_workers,
         prefetch_factor=config.prefetch_factor,

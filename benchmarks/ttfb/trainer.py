@@ -390,11 +390,10 @@ class _Trainer:
             ),
             rank=self.rank,
             world_size=self.world_size,
+            # the batches up to the checkpoint's step were trained: the data resumes after them
+            start=self.resume_from[1] if self.resume_from is not None else 0,
         )
-        it = iter(loader)  # starts the worker processes
-        if self.resume_from is not None:  # the batches up to the checkpoint's step were trained
-            it = itertools.islice(it, self.resume_from[1], None)
-        return it
+        return iter(loader)  # starts the worker processes
 
     def train_module_creation(self, device: Any) -> tuple[Any, Any]:
         import torch

@@ -484,3 +484,36 @@ def test_unsharded_model_is_the_trainers_model_on_the_cpu() -> None:
     got = {k: (tuple(v.shape), v.dtype, v.device.type) for k, v in model.state_dict().items()}
     want = {k: (tuple(v.shape), v.dtype, "cpu") for k, v in meta.state_dict().items()}
     assert got == want and len(got) > 10
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_data_resumes_at_a_batch_without_building_the_skipped_ones(
+    tmp_path: pathlib.Path, workers: int
+) -> None:
+    """A loader started at batch K yields what a loader from 0 yields after K batches, whatever
+    K is modulo the workers (the DataLoader takes batch n from worker n % workers)."""
+    import itertools
+
+    import torch
+
+    from benchmarks.ttfb.data import DataConfig, DatasetConfig, ensure_dataset, make_loader
+    from benchmarks.ttfb.trainer import model_spec
+
+    spec = model_spec("tiny")
+    path = ensure_dataset(DatasetConfig(spec=spec, rows_per_file=256), str(tmp_path))
+    config = DataConfig(batch_size=64, num_workers=workers, context="fork")
+
+    def batches(start: int, n: int) -> list[tuple[Any, ...]]:
+        it = iter(make_loader(path, spec, config, rank=1, world_size=2, start=start))
+        return [
+            (b.dense, b.sparse.values(), b.sparse.lengths(), b.labels)
+            for b in itertools.islice(it, n)
+        ]
+
+    whole = batches(0, 20)
+    for start in (1, 5, 8):
+        got = batches(start, 20 - start)
+        assert len(got) == 20 - start
+        for a, b in zip(got, whole[start:], strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), start
+    assert not all(torch.equal(x, y) for x, y in zip(whole[0], whole[1], strict=True))

@@ -4,7 +4,10 @@ Every training job writes one: save every N steps into ``root/step-<N>``, find t
 committed checkpoint at start, keep the last few. This one keeps the checkpoint's promises:
 
 * :meth:`~CheckpointManager.latest` is the newest *committed* step (a marker that parses and
-  names its save); a torn or in-flight save is never "latest".
+  names its save); a torn or in-flight save is never "latest". A restarted worker first waits
+  (bounded) for its dead predecessors' writer processes on this host to finish the save they
+  hold (:func:`fastinit.checkpoint.tier.await_predecessor_writers`), so it resumes from the save
+  its predecessor's loop paid for, not the one before.
 * Retention runs on rank 0 only after a newer checkpoint has committed, deletes committed
   checkpoints beyond ``keep`` (oldest first) and the leftovers of saves that never committed and
   are older than every kept one; it never deletes the newest committed checkpoint.
@@ -25,7 +28,9 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fastinit import knobs
 from fastinit.checkpoint import format as fmt
+from fastinit.checkpoint import tier
 
 if TYPE_CHECKING:
     from torch import nn
@@ -96,9 +101,25 @@ class CheckpointManager:
         return out
 
     def latest(self) -> tuple[int, str] | None:
-        """``(step, directory)`` of the newest committed checkpoint, or None."""
+        """``(step, directory)`` of the newest committed checkpoint, or None (after the dead
+        predecessors' writers on this host finished, within ``FASTINIT_COLLECTIVE_TIMEOUT``)."""
+        self.await_predecessors()
         steps = self.committed()
         return (steps[-1], self.path(steps[-1])) if steps else None
+
+    def await_predecessors(self) -> float:
+        """Wait for the writer processes a dead predecessor of this worker left on this host
+        (the same launcher: a torchrun restart) to finish their save, at most
+        ``FASTINIT_COLLECTIVE_TIMEOUT`` seconds (a warning if they did not); the seconds
+        waited."""
+        running, waited = tier.await_predecessor_writers(knobs.get_collective_timeout())
+        if running:
+            warnings.warn(
+                f"fastinit.checkpoint: the writer processes {running} of a previous attempt "
+                f"are still running after {waited:.0f} s; the save they hold is not waited for",
+                stacklevel=3,
+            )
+        return waited
 
     def save(
         self,
@@ -188,13 +209,19 @@ class CheckpointManager:
         from fastinit.checkpoint.loading import load
 
         group = Group()
-        steps = self.committed()
-        mine = steps[-1] if steps else -1
-        try:
-            low, high = group.all_reduce_mins([mine, -mine], "load_latest's newest step")
-        except CollectiveFailed as e:
-            raise fmt.CheckpointError(f"{self.root}: {e}") from e
-        high = -high
+        self.await_predecessors()
+        for look in range(2):
+            steps = self.committed()
+            mine = steps[-1] if steps else -1
+            try:
+                low, high = group.all_reduce_mins([mine, -mine], "load_latest's newest step")
+            except CollectiveFailed as e:
+                raise fmt.CheckpointError(f"{self.root}: {e}") from e
+            high = -high
+            if low == high or look:
+                break
+            # A commit landed while the ranks looked (the predecessors' writers on another host
+            # finishing): what one rank saw committed is there for all; look once more.
         if low != high:
             if low < 0:
                 raise fmt.CheckpointError(

@@ -14,16 +14,33 @@ cleanly (``fastinit.checkpoint.close``, or a clean interpreter exit). A job that
 leaves them; :func:`reclaim` (run when a process first saves or loads) removes this user's
 buffers whose trainer and launcher are both gone, and :func:`adoptable` hands a restarted worker
 the buffers its predecessor (same job, launcher and rank) left, so its next save reuses them.
+
+A trainer killed right after its ``save`` returned leaves its writer process finishing that save
+(writing, then rank 0's writer committing it): a worker restarted by the same launcher comes
+back in about a second, the writers need several. :func:`await_predecessor_writers` waits
+(bounded) for the writers of this launcher's dead trainers on this host, so the restart resumes
+from the save the loop already paid for instead of the one before it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 from fastinit.checkpoint.staging import PREFIX, Segment, segment_name, shm_dir
 
-__all__ = ["open_segment", "reclaim", "adoptable", "remember_loaded", "last_loaded"]
+__all__ = [
+    "open_segment",
+    "reclaim",
+    "adoptable",
+    "remember_loaded",
+    "last_loaded",
+    "await_predecessor_writers",
+]
+
+#: What a writer process's command line holds (``python -m fastinit.checkpoint._writer_main``).
+_WRITER_MODULE = b"fastinit.checkpoint._writer_main"
 
 _LOADED: list[str] = []
 
@@ -66,6 +83,7 @@ def open_segment(save_id: str, rank: int, named: str | None) -> tuple[Segment | 
 
 
 def _alive(pid: object) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -74,7 +92,23 @@ def _alive(pid: object) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True  # no /proc: kill(0) is all there is
+    return state != [b"Z"]
+
+
+def _writer_alive(pid: object) -> bool:
+    """Whether ``pid`` is a running writer process (not a recycled pid)."""
+    if not _alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return _WRITER_MODULE in f.read()
+    except OSError:
+        return True  # no /proc (or gone meanwhile: the next look sees it dead)
 
 
 def _mine() -> list[str]:
@@ -139,3 +173,37 @@ def adoptable(rank: int, job: str) -> list[tuple[Segment, str | None]]:
         else:
             segment.close()
     return out
+
+
+def predecessor_writers() -> list[int]:
+    """Writer processes on this host of this launcher's earlier trainers that are gone (a
+    restarted worker's predecessors), still running: finishing a save."""
+    pids: set[int] = set()
+    for path in _mine():
+        try:
+            segment = Segment.open(path, writable=False)
+        except OSError:
+            continue
+        header = segment.read_header()
+        segment.close()
+        writer = header.get("writer")
+        if (
+            header.get("ppid") == os.getppid()
+            and header.get("pid") != os.getpid()
+            and not _alive(header.get("pid"))
+            and isinstance(writer, int)
+            and _writer_alive(writer)
+        ):
+            pids.add(writer)
+    return sorted(pids)
+
+
+def await_predecessor_writers(timeout: float) -> tuple[list[int], float]:
+    """Wait at most ``timeout`` seconds for :func:`predecessor_writers` to finish; the writers
+    still running then (none, normally) and the seconds waited."""
+    t0 = time.monotonic()
+    pids = predecessor_writers()
+    while pids and time.monotonic() - t0 < timeout:
+        time.sleep(0.05)
+        pids = [p for p in pids if _writer_alive(p)]
+    return pids, time.monotonic() - t0

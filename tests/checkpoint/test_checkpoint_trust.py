@@ -463,6 +463,52 @@ def _load_killed_rank(root: str, name: str) -> dict[str, Any]:
     return {"diff": _diff(ref, _local(model, opts)), "memory": report.memory_bytes}
 
 
+def _killed_while_writing_rank(root: str) -> None:
+    import signal
+
+    import torch
+
+    from fastinit import checkpoint
+    from fastinit.testing.faults import inject
+
+    model, opts = _build(PLAN_A, seed=7)
+    manager = checkpoint.CheckpointManager(f"{root}/slow")
+    manager.save(1, model, opts, blocking=True)
+    _train(model, opts, seed=71)
+    torch.save(_local(model, opts), f"{root}/ref-slow-rank{_rank()}.pt")
+    with inject("checkpoint.write", "sleep", seconds=15):  # the writers take 15 s more
+        manager.save(2, model, opts)
+    os.kill(os.getpid(), signal.SIGKILL)  # every trainer, right after save returned
+
+
+def _restarted_rank(root: str) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+
+    model, opts = _build(PLAN_A, seed=99)
+    manager = checkpoint.CheckpointManager(f"{root}/slow")
+    manager.load_latest(model, opts)
+    ref = torch.load(f"{root}/ref-slow-rank{_rank()}.pt", weights_only=False)
+    return {"step": manager.loaded_step, "diff": _diff(ref, _local(model, opts))}
+
+
+def test_a_restart_resumes_from_the_save_its_killed_predecessor_was_writing(
+    tmp_path: Any,
+) -> None:
+    """Trainers killed right after save returned, restarted at once by the same launcher (as
+    torchrun does, ~1 s later): the restart waits for the dead trainers' writers and resumes
+    from that save, bit-equal, not from the one before it (which it did: the writers commit
+    seconds after the restart looked)."""
+    root = str(tmp_path)
+    with pytest.raises(RanksFailed):
+        run_ranks(_killed_while_writing_rank, 2, args=(root,), timeout=400)
+    assert not os.path.exists(f"{root}/slow/step-2/fastinit-commit.json")  # still writing
+    for out in run_ranks(_restarted_rank, 2, args=(root,), timeout=400):
+        assert out["step"] == 2, out
+        assert out["diff"] == [], out
+
+
 def _writers_of(root: str) -> list[int]:
     out = []
     for pid in os.listdir("/proc"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 from fastinit.checkpoint.staging import PREFIX, Segment, segment_name, shm_dir
 
@@ -123,18 +124,25 @@ def _mine() -> list[str]:
     return [os.path.join(directory, n) for n in names if n.startswith(prefix)]
 
 
-def reclaim(*, launcher: int | None = None) -> list[str]:
-    """Remove this user's buffers whose trainer, writer and launcher are all gone (and, with
-    ``launcher``, those whose trainer and writer are gone and whose launcher is that process: a
-    test session ending, other sessions' buffers untouched); their paths."""
-    removed = []
+def _headers() -> list[tuple[str, dict[str, Any]]]:
+    """``(path, header)`` of this user's buffers (read-only, unmapped again)."""
+    out = []
     for path in _mine():
         try:
             segment = Segment.open(path, writable=False)
         except OSError:
             continue
-        header = segment.read_header()
+        out.append((path, segment.read_header()))
         segment.close()
+    return out
+
+
+def reclaim(*, launcher: int | None = None) -> list[str]:
+    """Remove this user's buffers whose trainer, writer and launcher are all gone (and, with
+    ``launcher``, those whose trainer and writer are gone and whose launcher is that process: a
+    test session ending, other sessions' buffers untouched); their paths."""
+    removed = []
+    for path, header in _headers():
         if not header:
             continue  # being created right now (the header comes after the allocation)
         if _alive(header.get("pid")) or _alive(header.get("writer")):
@@ -179,13 +187,7 @@ def predecessor_writers() -> list[int]:
     """Writer processes on this host of this launcher's earlier trainers that are gone (a
     restarted worker's predecessors), still running: finishing a save."""
     pids: set[int] = set()
-    for path in _mine():
-        try:
-            segment = Segment.open(path, writable=False)
-        except OSError:
-            continue
-        header = segment.read_header()
-        segment.close()
+    for _, header in _headers():
         writer = header.get("writer")
         if (
             header.get("ppid") == os.getppid()

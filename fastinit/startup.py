@@ -540,7 +540,7 @@ def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_
 
 
 def _compact(plan: ShardingPlan) -> ShardingPlan:
-    from fastinit.plan.layout import compact_plan
+    from fastinit.plan.compact import compact_plan
 
     return compact_plan(plan)
 

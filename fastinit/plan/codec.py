@@ -188,9 +188,9 @@ def _is_range(value: list[Any]) -> bool:
 def _encode_spec(value: Any, where: str) -> Any:
     from torch.distributed._shard.metadata import ShardMetadata
 
-    from fastinit.plan import layout
+    from fastinit.plan import compact, layout
 
-    if isinstance(value, layout.compact_class()):
+    if isinstance(value, compact.compact_class()):
         runs = value.current_runs()
     else:
         shards = value.shards
@@ -447,7 +447,7 @@ class _Decoder:
         return list(items)
 
     def spec(self, fields: Any, where: str) -> Any:
-        from fastinit.plan import layout
+        from fastinit.plan import compact, layout
 
         if self.version < 2:
             return None
@@ -465,7 +465,7 @@ class _Decoder:
             raise _fail(f"{where}.shards", str(e)) from None
         if self.expansions is None:
             self.expansions = layout.Expansions()
-        return layout.compact_spec(runs, self.expansions)
+        return compact.compact_spec(runs, self.expansions)
 
     def list(self, obj: dict[str, Any], key: str, where: str) -> list[Any]:
         items = obj[key]

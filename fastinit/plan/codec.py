@@ -190,7 +190,7 @@ def _encode_spec(value: Any, where: str) -> Any:
 
     from fastinit.plan import compact, layout
 
-    if isinstance(value, compact.compact_class()):
+    if isinstance(value, compact.CompactShardingSpec):
         runs = value.current_runs()
     else:
         shards = value.shards
@@ -465,7 +465,7 @@ class _Decoder:
             raise _fail(f"{where}.shards", str(e)) from None
         if self.expansions is None:
             self.expansions = layout.Expansions()
-        return compact.compact_spec(runs, self.expansions)
+        return compact.CompactShardingSpec(runs, self.expansions)
 
     def list(self, obj: dict[str, Any], key: str, where: str) -> list[Any]:
         items = obj[key]

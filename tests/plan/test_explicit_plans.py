@@ -19,7 +19,7 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec  # noq
 
 from fastinit.plan import layout  # noqa: E402
 from fastinit.plan.codec import decode_plan, encode_plan  # noqa: E402
-from fastinit.plan.compact import compact_class, compact_plan  # noqa: E402
+from fastinit.plan.compact import CompactShardingSpec, compact_plan  # noqa: E402
 from fastinit.testing.models import (  # noqa: E402
     SHARDING_TYPES,
     ModelSpec,
@@ -136,7 +136,7 @@ def test_compact_plan_keeps_the_plan_and_its_bytes() -> None:
             elif (p, n) == (path, name):
                 assert spec is given, "a table whose shards follow no rule keeps its list"
             else:
-                assert isinstance(spec, compact_class()) and not spec.expanded, (p, n)
+                assert isinstance(spec, CompactShardingSpec) and not spec.expanded, (p, n)
                 assert spec == given
     assert "CompactShardingSpec" in kinds.values()
     assert encode_plan(compact) == before  # the same bytes, so the same digest
@@ -229,7 +229,7 @@ def test_compact_plan_of_a_torch_saved_plan(tmp_path: Any) -> None:
     assert encode_plan(compact) == encode_plan(plan)
     for mp in compact.plan.values():
         for ps in mp.values():
-            assert isinstance(ps.sharding_spec, compact_class())
+            assert isinstance(ps.sharding_spec, CompactShardingSpec)
     assert copy.deepcopy(compact).plan.keys() == plan.plan.keys()
 
 

@@ -26,7 +26,7 @@ from fastinit.plan.codec import (  # noqa: E402
     decode_plan,
     encode_plan,
 )
-from fastinit.plan.compact import compact_class, compact_spec, validate_compact  # noqa: E402
+from fastinit.plan.compact import CompactShardingSpec, validate_compact  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
 SPEC = ModelSpec(num_tables=7, num_ec_tables=7, rows=300)
@@ -61,7 +61,7 @@ def test_compact_plan_equals_stock_and_stays_small(model: Any, device_type: str)
         assert encode_plan(copy.deepcopy(decoded)) == data
         assert encode_plan(pickle.loads(pickle.dumps(decoded))) == data
         for (where, spec), (_, got) in zip(_specs(plan), _specs(decoded), strict=True):
-            assert isinstance(got, compact_class()), where
+            assert isinstance(got, CompactShardingSpec), where
             assert not got.expanded
             for rank in {0, 1 % n, n // 2, n - 1}:
                 mine = [(i, s) for i, s in enumerate(spec.shards) if s.placement.rank() == rank]
@@ -83,7 +83,7 @@ def test_runs_are_few_for_regular_layouts(model: Any) -> None:
         runs = layout.runs_of(spec.shards)
         layout.check_runs(runs)
         assert len(runs) <= 6, (where, runs)
-        assert compact_spec(runs).shards == spec.shards
+        assert CompactShardingSpec(runs).shards == spec.shards
 
 
 def _encoded_with_runs(runs: list[list[Any]]) -> bytes:
@@ -169,7 +169,7 @@ def test_range_lists_are_canonical() -> None:
 
 def test_validate_compact() -> None:
     def spec(*runs: layout.ShardRun) -> Any:
-        return compact_spec(runs)
+        return CompactShardingSpec(runs)
 
     rw = spec(
         layout.ShardRun(3, (4, 8), (0, 0), (4, 0), 0, 1, "cpu", 0),

@@ -241,15 +241,8 @@ class PlanCache:
         except (ValueError, PlanDecodeError) as e:
             _warn(f"ignoring {path}: {e}; it will be replaced")
             return None
-        if accept is not None:
-            try:
-                accept(plan)
-            except PlanMismatchError as e:
-                _warn(
-                    f"ignoring {path}: its plan does not fit this module and world ({e}); "
-                    "planning instead, and it will be replaced"
-                )
-                return None
+        if not _accepted(plan, accept, f"ignoring {path}: its plan"):
+            return None
         return plan, payload
 
     def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
@@ -498,15 +491,8 @@ class ProtocolCache:
         except (ValueError, TypeError, AttributeError, KeyError, PlanDecodeError) as e:
             _warn(f"ignoring the plan from {where}.get: {e}; planning instead")
             return None
-        if accept is not None:
-            try:
-                accept(plan)
-            except PlanMismatchError as e:
-                _warn(
-                    f"ignoring the plan from {where}.get: it does not fit this module and world "
-                    f"({e}); planning instead, and it will be replaced"
-                )
-                return None
+        if not _accepted(plan, accept, f"ignoring the plan from {where}.get: it"):
+            return None
         return plan, encoded
 
     def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
@@ -525,6 +511,23 @@ class ProtocolCache:
             )
             return False
         return True
+
+
+def _accepted(
+    plan: ShardingPlan, accept: Callable[[ShardingPlan], object] | None, subject: str
+) -> bool:
+    """Whether ``accept`` (if any) takes ``plan``; a :class:`PlanMismatchError` from it is one
+    warning that starts with ``subject`` (any other exception propagates)."""
+    if accept is not None:
+        try:
+            accept(plan)
+        except PlanMismatchError as e:
+            _warn(
+                f"{subject} does not fit this module and world ({e}); "
+                "planning instead, and it will be replaced"
+            )
+            return False
+    return True
 
 
 def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | ProtocolCache | None:

@@ -769,27 +769,16 @@ class FastPlanner(EmbeddingShardingPlanner):
             best_plan = callback(best_plan)
         self._best_plan = best_plan
         sharding_plan = to_sharding_plan(best_plan, self._topology)
-
-        end_time = perf_counter()
-        for stats in self._stats:
-            stats.log(
-                sharding_plan=sharding_plan,
-                topology=self._topology,
-                batch_size=self._batch_size,
-                storage_reservation=self._storage_reservation,
-                num_proposals=self._num_proposals,
-                num_plans=self._num_plans,
-                run_time=end_time - start_time,
-                best_plan=best_plan,
-                constraints=self._constraints,
-                enumerator=self._enumerator,
-                sharders=sharders,
-                debug=self._debug,
-                debug_stats=PlanDebugStats(
-                    planner_type=self.__class__.__name__,
-                    timeout_seconds=self._timeout_seconds,
-                ),
-            )
+        self._log_stats(
+            sharding_plan,
+            best_plan,
+            sharders,
+            start_time,
+            debug_stats=PlanDebugStats(
+                planner_type=self.__class__.__name__,
+                timeout_seconds=self._timeout_seconds,
+            ),
+        )
         validate_modules_inclusion_in_sharding_plan(sharding_plan, module, sharders)
         validate_rank_assignment(sharding_plan, self._topology)
         validate_compute_kernels(best_plan)
@@ -849,21 +838,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         for sharding_option in last_proposal:
             for shard in sharding_option.shards:
                 shard.rank = -1
-        for stats in self._stats:
-            stats.log(
-                sharding_plan=sharding_plan,
-                topology=self._topology,
-                batch_size=self._batch_size,
-                storage_reservation=self._storage_reservation,
-                num_proposals=self._num_proposals,
-                num_plans=self._num_plans,
-                run_time=end_time - start_time,
-                best_plan=last_proposal,
-                constraints=self._constraints,
-                sharders=sharders,
-                enumerator=self._enumerator,
-                debug=self._debug,
-            )
+        self._log_stats(sharding_plan, last_proposal, sharders, start_time, end_time=end_time)
         if not lowest_storage.fits_in(global_storage_constraints):
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
@@ -877,3 +852,32 @@ class FastPlanner(EmbeddingShardingPlanner):
             + no_plan_solution
             + last_planner_error_info,
         )
+
+    def _log_stats(
+        self,
+        sharding_plan: ShardingPlan,
+        best_plan: list[ShardingOption],
+        sharders: list[ModuleSharder[nn.Module]],
+        start_time: float,
+        end_time: float | None = None,
+        **extra: Any,
+    ) -> None:
+        """Every stats logger's ``log`` call, with the arguments the stock planner passes
+        (``extra``: ``debug_stats`` on success); ``end_time`` now unless given."""
+        run_time = (perf_counter() if end_time is None else end_time) - start_time
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=sharding_plan,
+                topology=self._topology,
+                batch_size=self._batch_size,
+                storage_reservation=self._storage_reservation,
+                num_proposals=self._num_proposals,
+                num_plans=self._num_plans,
+                run_time=run_time,
+                best_plan=best_plan,
+                constraints=self._constraints,
+                enumerator=self._enumerator,
+                sharders=sharders,
+                debug=self._debug,
+                **extra,
+            )

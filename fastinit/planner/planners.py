@@ -94,6 +94,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.utils import bytes_to_gb, reset_shard_rank, storage_repr_in_gb
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from fastinit import compat, ports
 from fastinit.planner import _torchrec as _tr
 from fastinit.planner import enumerators as _en
 from fastinit.planner import types as _ty
@@ -257,8 +258,6 @@ def _reservation_text(reservation: StorageReservation) -> str:
     words: 1.8.0 reads ``_percentage`` of any other reservation (an ``AttributeError`` where it
     has none, as stock raises); 1.9 describes ``SKUAwareStorageReservation`` and names a
     reservation without a percentage."""
-    from fastinit import ports
-
     res = _tr.storage_reservation_details(reservation)
     legacy = ports.mirrors_release(_PLAN, "torchrec 1.8.0")
     sku_aware = _tr.sku_aware_reservation_class()
@@ -338,8 +337,6 @@ class FastPlanner(EmbeddingShardingPlanner):
         timeout_seconds: int | None = None,
         plan_loader: PlanLoader | None = None,
     ) -> None:
-        from fastinit import compat
-
         compat.require("planner")
         super().__init__(
             topology=topology,

@@ -54,7 +54,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastinit.errors import CliError
+from fastinit import __version__
+from fastinit.errors import CliError, CompatibilityError, PlanCacheError
 
 if TYPE_CHECKING:
     pass
@@ -170,7 +171,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
     import torch
 
-    from fastinit.errors import PlanCacheError
     from fastinit.plan.summary import format_summary
     from fastinit.startup import plan_ahead
 
@@ -333,8 +333,6 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastinit`` argument parser (``fastinit -h``)."""
-    from fastinit import __version__
-
     parser = argparse.ArgumentParser(
         prog="fastinit",
         description="Plan a TorchRec job's sharding ahead of time; picture its start-up.",
@@ -514,7 +512,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    from fastinit.errors import CompatibilityError
 
     try:
         return int(args.run(args))

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastinit.errors import PlanDecodeError, PlanEncodeError
+from fastinit.plan import layout
 from fastinit.plan._json import canonical_json
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def _is_range(value: list[Any]) -> bool:
 def _encode_spec(value: Any, where: str) -> Any:
     from torch.distributed._shard.metadata import ShardMetadata
 
-    from fastinit.plan import compact, layout
+    from fastinit.plan import compact  # torch: imported when a spec is encoded
 
     if isinstance(value, compact.CompactShardingSpec):
         runs = value.current_runs()
@@ -447,7 +448,7 @@ class _Decoder:
         return list(items)
 
     def spec(self, fields: Any, where: str) -> Any:
-        from fastinit.plan import compact, layout
+        from fastinit.plan import compact
 
         if self.version < 2:
             return None

@@ -15,10 +15,14 @@ imports no torch at import time; the ``EnumerableShardingSpec`` that holds only 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
+import operator
 import re
+from array import array
 from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from fastinit.errors import LayoutError
@@ -178,10 +182,6 @@ def _runs_of_array(shards: Sequence[ShardMetadata]) -> tuple[ShardRun, ...] | No
     few C-level sweeps over the shards (one attribute each) and one step per run, no string or
     object per shard. None when the shards do not fit int64 arrays of one width (the list
     version decides those)."""
-    import operator
-    from array import array
-    from itertools import chain
-
     import numpy as np
 
     n = len(shards)
@@ -304,9 +304,6 @@ def _remote_placements(placements: list[Any]) -> tuple[Any, Any, list[str]] | No
     the distinct devices (int64; 0 when there is one), and the distinct devices' strings.
     None otherwise. ``str`` of such a placement is ``rank:<rank>/<device>`` (torch's
     ``__repr__``), so these give what parsing its string gives."""
-    import operator
-    from array import array
-
     import numpy as np
     import torch
     from torch.distributed.remote_device import _remote_device
@@ -692,8 +689,6 @@ class LazyShards(MutableSequence):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         if self._data is not None:
-            import copy
-
             return copy.deepcopy(list(self._data), memo)
         return LazyShards(self.runs, Expansions())
 

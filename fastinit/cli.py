@@ -52,12 +52,10 @@ import os
 import pathlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from fastinit.errors import CliError
-
-if TYPE_CHECKING:
-    pass
+from fastinit import __version__
+from fastinit.errors import CliError, CompatibilityError, PlanCacheError
 
 __all__ = [
     "main",
@@ -70,6 +68,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("fastinit.cli")
+_T = TypeVar("_T")
 
 #: Exit statuses (the module docstring; docs/usage.md, docs/publish.md).
 EXIT_OK = 0
@@ -169,7 +168,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     compat.require_stack()  # before the user's module imports torchrec (and fbgemm)
     import torch
 
-    from fastinit.errors import PlanCacheError
     from fastinit.plan.summary import format_summary
     from fastinit.startup import plan_ahead
 
@@ -332,8 +330,6 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastinit`` argument parser (``fastinit -h``)."""
-    from fastinit import __version__
-
     parser = argparse.ArgumentParser(
         prog="fastinit",
         description="Plan a TorchRec job's sharding ahead of time; picture its start-up.",
@@ -344,8 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "plan",
+        _cmd_plan,
         help="plan offline into the plan cache, so the job's fastinit.setup does not plan",
         description="Build the model, plan it as fastinit.setup would for the given job shape, "
         "and store the plan in the plan cache under the key the job will look up. Prints the "
@@ -367,11 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="plan-cache directory (default: $FASTINIT_PLAN_CACHE)")
     p.add_argument("--force", action="store_true",
                    help="replace an entry of the same key that holds a different plan")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(run=_cmd_plan)
+    _json_flag(p, "the summary")
 
-    r = sub.add_parser(
+    r = _command(
+        sub,
         "report",
+        _cmd_report,
         help="timeline, per-stage table and Perfetto trace of a job's start-up",
         description="Turn the trace-rank<N>.jsonl files a job wrote with FASTINIT_TRACE_DIR into "
         "timeline.png, stages.md and trace.json (open it in ui.perfetto.dev).",
@@ -379,14 +378,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("trace_dir", help="the job's FASTINIT_TRACE_DIR")
     r.add_argument("-o", "--out", help="output directory (default: TRACE_DIR/report)")
     r.add_argument("--title", help="title of the picture and the table")
-    r.set_defaults(run=_cmd_report)
 
     c = sub.add_parser(
         "checkpoint", help="checkpoint tools: the interval, consolidate for DCP, verify"
     )
     csub = c.add_subparsers(dest="checkpoint_command", required=True, metavar="SUBCOMMAND")
-    ci = csub.add_parser(
+    ci = _command(
+        csub,
         "interval",
+        _cmd_checkpoint_interval,
         help="the checkpoint interval minimising unsaved work plus blocking (Young)",
         description="The interval minimising the work failures lose (failures x interval / 2) "
         "plus the time checkpoints block the loop (loop / interval x blocking): "
@@ -405,18 +405,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="training-loop seconds to total the costs over (default: a day)")  # fmt: skip
     ci.add_argument("--step-s", type=float, default=None,
                     help="seconds per training step: the interval in steps too")  # fmt: skip
-    ci.add_argument("--json", action="store_true", help="print the result as JSON")
-    ci.set_defaults(run=_cmd_checkpoint_interval)
-    cc = csub.add_parser(
+    _json_flag(ci, "the result")
+    cc = _command(
+        csub,
         "consolidate",
+        _cmd_consolidate,
         help="write DCP's global .metadata so stock torch.distributed.checkpoint.load reads it",
         description="Write DIR/.metadata (DCP's global metadata) from the fastinit index and "
         "every rank's metadata. CPU only, no process group; can run while training goes on.",
     )
     cc.add_argument("dir", help="a committed fastinit checkpoint directory")
-    cc.set_defaults(run=_cmd_consolidate)
-    cv = csub.add_parser(
+    cv = _command(
+        csub,
         "verify",
+        _cmd_verify,
         help="read every file of a checkpoint and check it against the digests the commit proves",
         description="Read every file of a committed fastinit checkpoint (every rank's part) and "
         "check its size and digest against its manifest, each manifest against the commit "
@@ -424,10 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
         "is missing, of another size or of another digest.",
     )
     cv.add_argument("dir", help="a committed fastinit checkpoint directory")
-    cv.set_defaults(run=_cmd_verify)
 
-    pub = sub.add_parser(
+    pub = _command(
+        sub,
         "publish",
+        _cmd_publish,
         help="the unsharded model from a checkpoint, on a CPU host, verified",
         description="Load a checkpoint of any world size into the unsharded model (a world of "
         "one; the checkpoint is only read, so training may go on), write its state_dict "
@@ -444,33 +447,48 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keyword argument for the model factory; repeatable")  # fmt: skip
     pub.add_argument("--batch", help="the recorded batch (default: CHECKPOINT/fastinit-verify.pt)")
     pub.add_argument("--no-export", action="store_true", help="skip torch.export")
-    pub.add_argument("--json", action="store_true", help="print the report as JSON")
-    pub.set_defaults(run=_cmd_publish)
+    _json_flag(pub, "the report")
     return parser
 
 
-def _cmd_consolidate(args: argparse.Namespace) -> int:
-    from fastinit.checkpoint import CheckpointError, consolidate
+def _command(
+    sub: Any, name: str, run: Callable[[argparse.Namespace], int], *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A (sub)command ``name`` of ``sub`` (an ``add_subparsers`` result) that ``run`` carries out."""
+    command: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    command.set_defaults(run=run)
+    return command
 
-    try:
-        path = consolidate(args.dir)
-    except CheckpointError as e:
-        raise CliError(str(e)) from None
-    print(path)
+
+def _json_flag(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+
+
+def _cmd_consolidate(args: argparse.Namespace) -> int:
+    from fastinit.checkpoint import consolidate
+
+    print(_on_checkpoint(consolidate, args.dir))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from fastinit.checkpoint import CheckpointError, verify
+    from fastinit.checkpoint import verify
 
-    try:
-        got = verify(args.dir)
-    except CheckpointError as e:
-        raise CliError(str(e)) from None
+    got = _on_checkpoint(verify, args.dir)
     print(
         f"{args.dir}: save {got['save_id']}, {got['files']} files, {got['bytes']:,} bytes verified"
     )
     return 0
+
+
+def _on_checkpoint(tool: Callable[[str], _T], directory: str) -> _T:
+    """``tool(directory)``, a checkpoint's error as the command's (its message alone)."""
+    from fastinit.checkpoint import CheckpointError
+
+    try:
+        return tool(directory)
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
 
 
 def _configure_logging(verbose: int) -> None:
@@ -491,7 +509,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.verbose)
-    from fastinit.errors import CompatibilityError
 
     try:
         return int(args.run(args))

@@ -31,16 +31,21 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib
+import inspect
+import linecache
 import logging
+import re
 import sys
 import textwrap
 import threading
 import warnings
 from typing import Any
 
+from fastinit import knobs
 from fastinit.errors import CompatibilityError
 
 __all__ = [
@@ -375,8 +380,6 @@ def installed_source(key: str, obj: Any | None = None) -> str:
     Raises:
         Exception: the source cannot be read.
     """
-    import inspect
-
     if obj is None:
         obj = _resolve(key)
     fn = inspect.unwrap(obj)
@@ -389,9 +392,6 @@ def installed_source(key: str, obj: Any | None = None) -> str:
 
 def source_in_file(key: str) -> str | None:
     """The lines (decorators included) of the ``def`` of ``key`` in its module's file, or None."""
-    import ast
-    import linecache
-
     module_name, _, qualname = key.partition(":")
     module = importlib.import_module(module_name)
     filename = getattr(module, "__file__", None)
@@ -424,10 +424,6 @@ def source_of(obj: Any) -> str:
     from its first (decorator, ``def`` or ``class``) line up to the first line back at or left
     of its indentation whose prefix parses (``inspect`` tokenises in Python, and parses the
     whole module to find a class: seconds on a busy host for the functions fastinit mirrors)."""
-    import inspect
-    import linecache
-    import re
-
     if isinstance(obj, type):
         filename = inspect.getsourcefile(obj)
         lines = linecache.getlines(filename) if filename else []
@@ -657,8 +653,6 @@ def check(component: str = "setup") -> None:
     Raises:
         CompatibilityError: one line per changed (or unreadable) function.
     """
-    from fastinit import knobs
-
     mode = knobs.get_port_check()
     if component == "sharders":
         component = "setup"  # the same mirrored functions (``_ports``): checked once for both

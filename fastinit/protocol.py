@@ -17,6 +17,7 @@ The layout of the record, the device rules and what a timeout does are in ``docs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import operator
@@ -32,6 +33,7 @@ from torch import nn
 
 from fastinit import errors, knobs, trace
 from fastinit.errors import ReplicaMismatchWarning, StartupError, StartupMismatchError
+from fastinit.plan.codec import decode_plan
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -349,7 +351,6 @@ class Channel:
         if self.device.type == "cuda":
             # The current CUDA device is per thread: set it on the thread issuing the collective.
             return torch.cuda.device(self.device)
-        import contextlib
 
         return contextlib.nullcontext()
 
@@ -641,7 +642,6 @@ def agree_on_plan(
     src = holders[0]
     if len(holders) == len(records) and len(set(column(records, "plan_digest"))) == 1:
         return None
-    from fastinit.plan.codec import decode_plan
 
     source = records[src]
     with trace.span("fastinit.plan_broadcast"):

@@ -45,13 +45,21 @@ import torch.distributed as dist
 from torch import nn
 
 from fastinit import _faults, compat, knobs, protocol, trace
+from fastinit import pg as fastinit_pg
 from fastinit.errors import PlanCacheError, StartupError
-from fastinit.plan.cache import PlanCache
-from fastinit.plan.codec import encode_plan
-from fastinit.plan.provenance import record_inputs
+from fastinit.plan._torchrec import planner_inputs
+from fastinit.plan.cache import FastinitCacheWarning, PlanCache, as_plan_cache, plan_bytes_bound
+from fastinit.plan.codec import encode_plan, is_current
+from fastinit.plan.compact import compact_plan
+from fastinit.plan.fingerprint import DefaultTopology, planner_fingerprint, uncacheable_reason
+from fastinit.plan.provenance import log_miss, record_inputs
 from fastinit.plan.summary import PlanSummary, summarize_plan, table_layouts
-from fastinit.plan.validate import check_unsharded, validate_plan
+from fastinit.plan.validate import check_unsharded, count_tables, validate_plan
 from fastinit.protocol import Record
+from fastinit.seeding import materialize_dense
+from fastinit.sharding._torchrec_modules import collective_validation_on_leader
+from fastinit.sharding.mirror.collective_utils import set_collective_validation
+from fastinit.sharding.mirror.types import sharding_env_from_process_group
 
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DataParallelWrapper, DistributedModelParallel
@@ -114,21 +122,19 @@ def plan_key(
     Returns:
         The :class:`PlanKey`.
     """
-    from fastinit.plan import _torchrec as _trc
-    from fastinit.plan import fingerprint as fp
     from fastinit.sharding.sharders import fast_sharders
 
     all_sharders = fast_sharders(sharders, 0)
     if planner is None:
         planner = _default_planner(world_size, local_world_size, device, constraints)
-    topology, planner_constraints = _trc.planner_inputs(planner)
+    topology, planner_constraints = planner_inputs(planner)
     if constraints is None:
         constraints = planner_constraints
     with trace.span("fastinit.fingerprint"):
-        fingerprint = fp.planner_fingerprint(
+        fingerprint = planner_fingerprint(
             module, all_sharders, topology, constraints=constraints, planner=planner
         )
-    uncacheable = fp.uncacheable_reason(planner, all_sharders, constraints)
+    uncacheable = uncacheable_reason(planner, all_sharders, constraints)
     return PlanKey(planner, all_sharders, fingerprint, uncacheable)
 
 
@@ -228,8 +234,6 @@ def setup(
             plan = _agree_on_plan(channel, records, local, module)
         if init_parameters:
             with phases("materialize"):
-                from fastinit.seeding import materialize_dense
-
                 materialize_dense(module, _sharded_paths(module, plan), device, seed_used)
         with phases("construct"):
             model = _construct(
@@ -237,7 +241,8 @@ def setup(
                 env,
                 device,
                 plan,
-                _construction_sharders(local.sharders, seed_used),
+                local.sharders,
+                seed_used,
                 init_parameters,
                 data_parallel_wrapper,
                 model_tracker_configs,
@@ -287,8 +292,6 @@ def _resolve_env(env: ShardingEnv | None, device: torch.device) -> ShardingEnv:
         if env.process_group is None and env.world_size > 1:
             raise StartupError("fastinit.setup needs a process group when world_size > 1")
         return env
-    from fastinit.sharding.mirror.types import sharding_env_from_process_group
-
     return sharding_env_from_process_group(_ensure_process_group(device), device)
 
 
@@ -339,7 +342,7 @@ class _Local:
     structure: bytes
     sharders: list[Any]
     """The sharders as given (TorchRec's defaults when none were): the fast ones are built from
-    these once the seed is agreed (:func:`_construction_sharders`)."""
+    these once the seed is agreed."""
     plan: ShardingPlan | None = None
     encoded: bytes | None = None
     fingerprint: bytes | None = None
@@ -367,11 +370,13 @@ def _prepare(
     try:
         _faults.point("startup.plan", rank=env.rank)  # a failure here travels in the record
         check_unsharded(module)  # before the structure of a sharded model misleads the checks
-        found["validate"] = _collective_validation_on_leader()
+        found["validate"] = collective_validation_on_leader()
         found["seed"] = protocol.normalize_seed(seed if seed is not None else torch.initial_seed())
         local.sharders = _given_sharders(sharders)
         if plan is not None:  # as DMP: no planner is built when a plan is given
-            planning = _planning_sharders(local.sharders)
+            from fastinit.sharding.sharders import fast_sharders
+
+            planning = fast_sharders(local.sharders, 0)  # no seed matters to the plan
             found["fingerprint"] = _explicit_plan_fingerprint(module, env, device, planning)
         else:
             key = _plan_key(module, env, device, local.sharders, planner)
@@ -382,10 +387,10 @@ def _prepare(
         if plan is not None:
             if local.encoded is None:  # explicit or planned here: compact once, encode once
                 with trace.span("fastinit.compact_plan"):
-                    plan = _compact(plan)
-                _validate(module, plan, planning, env.world_size)
+                    plan = compact_plan(plan)
+                validate_plan(module, plan, planning, world_size=env.world_size)
                 with trace.span("fastinit.encode_plan"):
-                    local.encoded = _encode(plan)
+                    local.encoded = encode_plan(plan)
             local.plan = plan
     except Exception as e:  # joins the exchange with its error: nobody hangs
         local.failure = e
@@ -411,20 +416,6 @@ def _given_sharders(sharders: list[ModuleSharder[nn.Module]] | None) -> list[Any
     return list(get_default_sharders())
 
 
-def _planning_sharders(sharders: list[Any]) -> list[Any]:
-    """The fast sharders the plan is checked (and planned) with: no seed matters there."""
-    from fastinit.sharding.sharders import fast_sharders
-
-    return fast_sharders(sharders, 0)
-
-
-def _construction_sharders(sharders: list[Any], seed: int) -> list[Any]:
-    """The fast sharders that build the model, seeded with the agreed seed."""
-    from fastinit.sharding.sharders import fast_sharders
-
-    return fast_sharders(sharders, seed)
-
-
 def _explicit_plan_fingerprint(
     module: nn.Module, env: ShardingEnv, device: torch.device, sharders: list[Any]
 ) -> bytes:
@@ -436,8 +427,6 @@ def _explicit_plan_fingerprint(
     if device.type not in topology_compute_devices():
         return hashlib.sha256(f"fastinit: explicit plan on {device.type}".encode()).digest()
     from torchrec.distributed.comm import get_local_size
-
-    from fastinit.plan.fingerprint import DefaultTopology, planner_fingerprint
 
     # TorchRec's default topology, by its arguments (not its O(ranks) device list)
     topology = DefaultTopology(
@@ -477,8 +466,6 @@ def _plan_from_cache_or_planner(
 ) -> tuple[ShardingPlan | None, str | None]:
     """The cached plan, else rank 0's planner's (None on the other ranks on a miss), and where
     it came from."""
-    from fastinit.plan.cache import FastinitCacheWarning, PlanCache, as_plan_cache
-
     cache = as_plan_cache(plan_cache, env.world_size)
     if cache is not None and key.uncacheable is not None:
         warnings.warn(
@@ -496,8 +483,6 @@ def _plan_from_cache_or_planner(
         # which planner input differs from the plans made ahead (a directory only), if any
         cache_dir = cache.directory if isinstance(cache, PlanCache) else None
         if env.rank == 0 and cache_dir is not None:
-            from fastinit.plan.provenance import log_miss
-
             try:
                 log_miss(cache_dir, module, key, log=logger)
             except Exception as e:  # a diagnostic only: never fails a start-up
@@ -519,9 +504,6 @@ def _cache_get(
     """A cached plan that fits this module and world, with its encoded bytes; an entry that
     does not, or is larger than any plan for this model could be, is a miss with one warning
     (and is replaced)."""
-    from fastinit.plan.cache import plan_bytes_bound
-    from fastinit.plan.codec import encode_plan, is_current
-    from fastinit.plan.validate import count_tables
 
     def accept(plan: ShardingPlan) -> None:
         validate_plan(module, plan, sharders, world_size=env.world_size)
@@ -533,22 +515,6 @@ def _cache_get(
     plan, payload = got
     # an entry of an older codec version: its plan's bytes as this version writes them
     return plan, payload if is_current(payload) else encode_plan(plan)
-
-
-def _validate(module: nn.Module, plan: ShardingPlan, sharders: list[Any], world_size: int) -> None:
-    validate_plan(module, plan, sharders, world_size=world_size)
-
-
-def _compact(plan: ShardingPlan) -> ShardingPlan:
-    from fastinit.plan.layout import compact_plan
-
-    return compact_plan(plan)
-
-
-def _encode(plan: ShardingPlan) -> bytes:
-    from fastinit.plan.codec import encode_plan
-
-    return encode_plan(plan)
 
 
 # -- phases 2 and 3: the exchange and the plan --------------------------------------------------
@@ -591,12 +557,8 @@ def _describe_entry(
     """Beside an entry this job wrote into a cache directory, what it was planned for
     (``<key>.inputs.json``, as ``fastinit plan`` writes it), so that a later job's miss can name
     the input that differs. A description only: a failure is logged, never raised."""
-    from fastinit.plan.cache import PlanCache
-
     if key is None or not isinstance(cache, PlanCache):
         return
-    from fastinit.plan.provenance import record_inputs
-
     try:
         with trace.span("fastinit.plan_cache.describe"):
             record_inputs(cache.directory, module, key, written_by="fastinit.setup")
@@ -613,18 +575,20 @@ def _construct(
     device: torch.device,
     plan: ShardingPlan,
     sharders: list[Any],
+    seed: int,
     init_parameters: bool,
     data_parallel_wrapper: DataParallelWrapper | None,
     model_tracker_configs: ModelTrackerConfigs | None,
 ) -> DistributedModelParallel:
-    """TorchRec's DMP on the agreed plan: the plan's process groups only, DDP without init sync
+    """TorchRec's DMP on the agreed plan, with fast sharders built from ``sharders`` and the
+    agreed ``seed``: the plan's process groups only, DDP without init sync
     (``init_data_parallel`` is left to the caller, after the verify phase)."""
     from torchrec.distributed.model_parallel import (
         DefaultDataParallelWrapper,
         DistributedModelParallel,
     )
 
-    from fastinit import pg as fastinit_pg
+    from fastinit.sharding.sharders import fast_sharders
 
     pg = env.process_group
     if pg is not None:
@@ -646,7 +610,7 @@ def _construct(
             env=env,
             device=device,
             plan=plan,
-            sharders=sharders,
+            sharders=fast_sharders(sharders, seed),
             init_data_parallel=False,
             init_parameters=init_parameters,
             data_parallel_wrapper=wrapper,
@@ -669,24 +633,11 @@ def _sharded_paths(module: nn.Module, plan: ShardingPlan) -> list[str]:
 # -- helpers -----------------------------------------------------------------------------------
 
 
-def _collective_validation_on_leader() -> bool:
-    from fastinit.sharding import _torchrec_modules as _trc
-
-    return _trc.collective_validation_on_leader()
-
-
-def _set_collective_validation(enabled: bool) -> None:
-    """Collective validation as rank 0 resolved it, so DMP's own call sends nothing."""
-    from fastinit.sharding.mirror.collective_utils import set_collective_validation
-
-    set_collective_validation(enabled)
-
-
 def _adopt_rank0_settings(records: Sequence[Record]) -> int:
     """Rank 0's seed (returned: the sharders are built with it) and collective-validation
     setting, from the records: what stock would broadcast, already known."""
     seed = protocol.agreed_seed(records)
-    _set_collective_validation(records[0].validate)
+    set_collective_validation(records[0].validate)  # so DMP's own call sends nothing
     return seed
 
 

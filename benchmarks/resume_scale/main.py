@@ -340,7 +340,7 @@ def _watch() -> Iterator[dict[str, float]]:
 
 def _shard_boxes(plan: Any, rank: int | None) -> dict[str, list[tuple[list[int], list[int], int]]]:
     """Table FQN -> (offsets, sizes, rank) of its shards, those on ``rank`` (None: all)."""
-    from fastinit.plan.layout import expanded_plan
+    from fastinit.plan.compact import expanded_plan
 
     out: dict[str, list[tuple[list[int], list[int], int]]] = {}
     for path, module_plan in expanded_plan(plan).plan.items():

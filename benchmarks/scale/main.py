@@ -337,7 +337,7 @@ def measure_rank(
     else:
         from torchrec.distributed.model_parallel import DistributedModelParallel
 
-        from fastinit.plan.layout import expanded_plan
+        from fastinit.plan.compact import expanded_plan
         from fastinit.sharding import _torchrec_modules as _trc
         from fastinit.sharding.mirror.collective_utils import set_collective_validation
 

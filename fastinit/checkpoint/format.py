@@ -43,6 +43,8 @@ from typing import Any
 from fastinit.checkpoint.digest import digest as _digest
 from fastinit.checkpoint.digest import fsync_dir
 from fastinit.errors import CheckpointError
+from fastinit.plan.codec import decode_plan
+from fastinit.plan.layout import ShardRun
 
 __all__ = [
     "FORMAT",
@@ -163,8 +165,6 @@ class Index:
 
     def runs(self, fqn: str) -> tuple[Any, ...] | None:
         """The shard runs of a sharded model tensor (None if the index has none for ``fqn``)."""
-        from fastinit.plan.layout import ShardRun
-
         raw = self.sharded.get(fqn)
         return None if raw is None else tuple(ShardRun.from_json(r) for r in raw)
 
@@ -219,7 +219,6 @@ class Index:
         """The stored ShardingPlan (decoded with fastinit's codec), or None."""
         if self.plan is None:
             return None
-        from fastinit.plan.codec import decode_plan
 
         return decode_plan(self.plan)
 

@@ -42,10 +42,12 @@ from fastinit import knobs
 from fastinit.checkpoint import _dcp, tier
 from fastinit.checkpoint import format as fmt
 from fastinit.checkpoint._comm import CollectiveFailed, Group
+from fastinit.checkpoint.digest import file_digest
 from fastinit.checkpoint.format import CheckpointError
 from fastinit.checkpoint.reader import Counts, Source, VerifiedReader
 from fastinit.checkpoint.reshard import overlap_volume, overlapping
 from fastinit.checkpoint.state import build_state, entry_of, flat_state, is_sharded
+from fastinit.plan.layout import ShardRun
 
 if TYPE_CHECKING:
     from torch import nn
@@ -265,8 +267,6 @@ def _param_of(fqn: str, model_fqns: set[str]) -> str | None:
 def _layout(sources: _Sources, fqn: str, model_fqns: set[str]) -> tuple[Any, ...]:
     """The stored layout (shard runs) of a sharded value: the index's, or the ``layouts.json``
     of the rank holding shard 0 of its parameter."""
-    from fastinit.plan.layout import ShardRun
-
     index = sources.index
     runs = index.runs(fqn)
     if runs is not None:
@@ -889,8 +889,6 @@ def verify(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: the first file that is missing, of another size, or whose digest does
             not match (naming it and its rank).
     """
-    from fastinit.checkpoint.digest import file_digest
-
     path = os.fspath(checkpoint_dir)
     commit = fmt.read_commit(path)
     index = fmt.read_index(path, commit)

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 from fastinit import knobs
 from fastinit.checkpoint import format as fmt
 from fastinit.checkpoint import tier
+from fastinit.checkpoint._comm import CollectiveFailed, Group
+from fastinit.checkpoint.loading import load
+from fastinit.checkpoint.saving import close, save
 
 if TYPE_CHECKING:
     from torch import nn
@@ -136,8 +139,6 @@ class CheckpointManager:
             The save's handle, or None when ``step`` already has a committed checkpoint (kept
             as it is).
         """
-        from fastinit.checkpoint.saving import save
-
         self.wait()
         path = self.path(step)
         if fmt.is_committed(path):
@@ -205,9 +206,6 @@ class CheckpointManager:
             CheckpointError: on every rank alike: no checkpoint loads, the ranks do not see the
                 same checkpoints (a directory that is not shared), or a peer failed.
         """
-        from fastinit.checkpoint._comm import CollectiveFailed, Group
-        from fastinit.checkpoint.loading import load
-
         group = Group()
         self.await_predecessors()
         for look in range(2):
@@ -273,8 +271,6 @@ class CheckpointManager:
     def close(self) -> None:
         """Finish the save in flight and release this process's staging buffers (the job
         ended cleanly)."""
-        from fastinit.checkpoint.saving import close
-
         self.wait()
         close()
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastinit.checkpoint import _dcp
 from fastinit.checkpoint.format import TensorEntry
+from fastinit.plan.layout import LazyShards, runs_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -84,8 +85,6 @@ def global_runs(value: Any) -> tuple[Any, ...] | None:
     A layout fastinit holds as a rule (``LazyShards``) gives its runs at no cost; otherwise the
     runs are found once per shared layout (memoised in the layout's shared ``checked`` facts).
     """
-    from fastinit.plan.layout import LazyShards, runs_of
-
     shards = _shards_metadata(value)
     if shards is None:
         return None

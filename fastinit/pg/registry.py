@@ -49,7 +49,9 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from fastinit import knobs
 from fastinit.errors import NodeGroupError
+from fastinit.pg import _torchrec
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -266,8 +268,6 @@ def _new_member_group(
 ) -> ProcessGroup:
     import torch.distributed as dist
 
-    from fastinit import knobs
-
     rank = dist.get_rank()
     creation_timeout = timedelta(seconds=knobs.get_collective_timeout())
     t0 = time.monotonic()
@@ -307,8 +307,6 @@ def _split(
 
 def _adopt(intra_ranks: list[int], cross_ranks: list[int]) -> tuple[Any, Any] | None:
     """TorchRec's cached groups, if something already created them with the right ranks."""
-    from fastinit.pg import _torchrec
-
     if _torchrec.unsupported_reason() is not None:
         return None
     intra, cross = _torchrec.installed_node_groups()
@@ -357,8 +355,6 @@ def node_groups(
         raise RuntimeError("fastinit.pg: the default process group is not initialised")
     world_size = parent.size()
     if local_size is None:
-        from fastinit.pg import _torchrec
-
         local_size = _torchrec.default_local_size(world_size)
     backend = str(dist.get_backend(parent))
     key = (id(parent), local_size, backend)
@@ -450,8 +446,6 @@ def prepare_for_plan(
     if not plan_needs_node_groups(plan):
         return
     import torch.distributed as dist
-
-    from fastinit.pg import _torchrec
 
     reason = _torchrec.unsupported_reason()
     if reason is None and pg is not None and pg is not dist.group.WORLD:

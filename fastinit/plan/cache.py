@@ -62,7 +62,9 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fastinit import knobs
 from fastinit.errors import FastinitCacheWarning, PlanMismatchError
+from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -131,7 +133,6 @@ def resolve_cache_dir(plan_cache: str | os.PathLike[str] | None) -> str | None:
     """
     if plan_cache is not None:
         return os.fspath(plan_cache) or None
-    from fastinit import knobs
 
     return knobs.get_plan_cache()
 
@@ -224,8 +225,6 @@ class PlanCache:
     ) -> tuple[ShardingPlan, bytes] | None:
         """As :meth:`get`, with the entry's payload: ``(plan, the encoded plan as read)``, so
         that a caller digests or sends the bytes it read instead of encoding the plan again."""
-        from fastinit.plan.codec import PlanDecodeError, decode_plan
-
         path = self.path(key)
         bound = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         try:
@@ -241,15 +240,8 @@ class PlanCache:
         except (ValueError, PlanDecodeError) as e:
             _warn(f"ignoring {path}: {e}; it will be replaced")
             return None
-        if accept is not None:
-            try:
-                accept(plan)
-            except PlanMismatchError as e:
-                _warn(
-                    f"ignoring {path}: its plan does not fit this module and world ({e}); "
-                    "planning instead, and it will be replaced"
-                )
-                return None
+        if not _accepted(plan, accept, f"ignoring {path}: its plan"):
+            return None
         return plan, payload
 
     def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
@@ -264,8 +256,6 @@ class PlanCache:
             True when the entry is in place (written now, or already there with the same bytes);
             False, with a warning, when the directory cannot be created or written.
         """
-        from fastinit.plan.codec import encode_plan
-
         path = self.path(key)
         payload = bytes(plan) if isinstance(plan, bytes | bytearray) else encode_plan(plan)
         entry = _entry_bytes(key, payload)
@@ -470,8 +460,6 @@ class ProtocolCache:
     ) -> tuple[ShardingPlan, bytes] | None:
         from torchrec.distributed.types import ShardingPlan
 
-        from fastinit.plan.codec import PlanDecodeError, decode_plan, encode_plan
-
         where = self._describe()
         try:
             got = self.target.get(key.hex())
@@ -498,21 +486,12 @@ class ProtocolCache:
         except (ValueError, TypeError, AttributeError, KeyError, PlanDecodeError) as e:
             _warn(f"ignoring the plan from {where}.get: {e}; planning instead")
             return None
-        if accept is not None:
-            try:
-                accept(plan)
-            except PlanMismatchError as e:
-                _warn(
-                    f"ignoring the plan from {where}.get: it does not fit this module and world "
-                    f"({e}); planning instead, and it will be replaced"
-                )
-                return None
+        if not _accepted(plan, accept, f"ignoring the plan from {where}.get: it"):
+            return None
         return plan, encoded
 
     def put(self, key: bytes, plan: ShardingPlan | bytes) -> bool:
         if isinstance(plan, bytes | bytearray):  # the bytes that travelled: the object's plan
-            from fastinit.plan.codec import decode_plan
-
             plan = decode_plan(bytes(plan))
         metadata = cache_metadata(
             created_by="fastinit", world_size=self.world_size, extra={"fastinit_key": key.hex()}
@@ -525,6 +504,23 @@ class ProtocolCache:
             )
             return False
         return True
+
+
+def _accepted(
+    plan: ShardingPlan, accept: Callable[[ShardingPlan], object] | None, subject: str
+) -> bool:
+    """Whether ``accept`` (if any) takes ``plan``; a :class:`PlanMismatchError` from it is one
+    warning that starts with ``subject`` (any other exception propagates)."""
+    if accept is not None:
+        try:
+            accept(plan)
+        except PlanMismatchError as e:
+            _warn(
+                f"{subject} does not fit this module and world ({e}); "
+                "planning instead, and it will be replaced"
+            )
+            return False
+    return True
 
 
 def as_plan_cache(plan_cache: Any, world_size: int) -> PlanCache | ProtocolCache | None:

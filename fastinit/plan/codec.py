@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastinit.errors import PlanDecodeError, PlanEncodeError
+from fastinit.plan import layout
 from fastinit.plan._json import canonical_json
 
 if TYPE_CHECKING:
@@ -188,9 +189,9 @@ def _is_range(value: list[Any]) -> bool:
 def _encode_spec(value: Any, where: str) -> Any:
     from torch.distributed._shard.metadata import ShardMetadata
 
-    from fastinit.plan import layout
+    from fastinit.plan import compact  # torch: imported when a spec is encoded
 
-    if isinstance(value, layout.compact_class()):
+    if isinstance(value, compact.CompactShardingSpec):
         runs = value.current_runs()
     else:
         shards = value.shards
@@ -447,7 +448,7 @@ class _Decoder:
         return list(items)
 
     def spec(self, fields: Any, where: str) -> Any:
-        from fastinit.plan import layout
+        from fastinit.plan import compact
 
         if self.version < 2:
             return None
@@ -465,7 +466,7 @@ class _Decoder:
             raise _fail(f"{where}.shards", str(e)) from None
         if self.expansions is None:
             self.expansions = layout.Expansions()
-        return layout.compact_spec(runs, self.expansions)
+        return compact.CompactShardingSpec(runs, self.expansions)
 
     def list(self, obj: dict[str, Any], key: str, where: str) -> list[Any]:
         items = obj[key]

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastinit.plan._json import canonical_json as _dumps
+from fastinit.plan._torchrec import constructor_settings, planner_settings, topology_custom_data
 
 if TYPE_CHECKING:
     from torch import nn
@@ -108,7 +109,6 @@ def _canon(value: Any, depth: int = 0, exclude: frozenset[str] = frozenset()) ->
         return {"callable": f"{getattr(value, '__module__', None)}.{name}"}
     if _is_topology(value):
         return _topology_doc(value)
-    from fastinit.plan._torchrec import constructor_settings
 
     settings = constructor_settings(value)
     return {
@@ -166,8 +166,6 @@ def _device_runs(devices: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _topology_doc(topology: Topology | DefaultTopology) -> dict[str, Any]:
-    from fastinit.plan._torchrec import topology_custom_data
-
     if isinstance(topology, DefaultTopology):
         return {"default_topology": dataclasses.asdict(topology)}
 
@@ -260,7 +258,6 @@ def _constraints_doc(constraints: Mapping[str, ParameterConstraints] | None) -> 
 def _planner_doc(planner: ShardingPlanner | None) -> dict[str, Any]:
     if planner is None:
         return {"default": "torchrec.distributed.planner.planners.EmbeddingShardingPlanner"}
-    from fastinit.plan._torchrec import planner_settings
 
     settings = planner_settings(planner)
     return {
@@ -300,8 +297,6 @@ def planner_inputs(
         ``constraints``, ``planner``.
     """
     if constraints is None and planner is not None:
-        from fastinit.plan._torchrec import planner_settings
-
         constraints = planner_settings(planner).get("constraints")
     device = topology.compute_device
     return {
@@ -420,8 +415,6 @@ def uncacheable_reason(
 
 
 def _planner_problem(planner: ShardingPlanner) -> str | None:
-    from fastinit.plan._torchrec import planner_settings
-
     where = f"the planner ({_qualname(planner)})"
     if "<locals>" in type(planner).__qualname__:
         return f"{where} is an instance of a class defined inside a function"
@@ -524,8 +517,6 @@ _AUDITED_MODULES = ("torchrec.", "fastinit.")
 
 
 def _object_problem(value: Any, where: str, depth: int) -> str | None:
-    from fastinit.plan._torchrec import constructor_settings
-
     cls = type(value)
     try:
         params = inspect.signature(cls.__init__).parameters

@@ -37,7 +37,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fastinit.plan import _torchrec as _trc
 from fastinit.plan._json import canonical_json as _dumps
+from fastinit.plan.fingerprint import planner_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +91,6 @@ def _document(
     key: KeyLike,
     constraints: Mapping[str, ParameterConstraints] | None,
 ) -> dict[str, Any]:
-    from fastinit.plan import _torchrec as _trc
-    from fastinit.plan.fingerprint import planner_inputs
-
     topology, planner_constraints = _trc.planner_inputs(key.planner)
     return planner_inputs(
         module,

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from fastinit.errors import PlanMismatchError, StartupError
-from fastinit.plan.layout import validate_compact
+from fastinit.plan.compact import validate_compact
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ModuleSharder, ShardingPlan

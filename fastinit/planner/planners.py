@@ -94,6 +94,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.utils import bytes_to_gb, reset_shard_rank, storage_repr_in_gb
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from fastinit import compat, ports
 from fastinit.planner import _torchrec as _tr
 from fastinit.planner import enumerators as _en
 from fastinit.planner import types as _ty
@@ -257,8 +258,6 @@ def _reservation_text(reservation: StorageReservation) -> str:
     words: 1.8.0 reads ``_percentage`` of any other reservation (an ``AttributeError`` where it
     has none, as stock raises); 1.9 describes ``SKUAwareStorageReservation`` and names a
     reservation without a percentage."""
-    from fastinit import ports
-
     res = _tr.storage_reservation_details(reservation)
     legacy = ports.mirrors_release(_PLAN, "torchrec 1.8.0")
     sku_aware = _tr.sku_aware_reservation_class()
@@ -338,8 +337,6 @@ class FastPlanner(EmbeddingShardingPlanner):
         timeout_seconds: int | None = None,
         plan_loader: PlanLoader | None = None,
     ) -> None:
-        from fastinit import compat
-
         compat.require("planner")
         super().__init__(
             topology=topology,
@@ -769,27 +766,16 @@ class FastPlanner(EmbeddingShardingPlanner):
             best_plan = callback(best_plan)
         self._best_plan = best_plan
         sharding_plan = to_sharding_plan(best_plan, self._topology)
-
-        end_time = perf_counter()
-        for stats in self._stats:
-            stats.log(
-                sharding_plan=sharding_plan,
-                topology=self._topology,
-                batch_size=self._batch_size,
-                storage_reservation=self._storage_reservation,
-                num_proposals=self._num_proposals,
-                num_plans=self._num_plans,
-                run_time=end_time - start_time,
-                best_plan=best_plan,
-                constraints=self._constraints,
-                enumerator=self._enumerator,
-                sharders=sharders,
-                debug=self._debug,
-                debug_stats=PlanDebugStats(
-                    planner_type=self.__class__.__name__,
-                    timeout_seconds=self._timeout_seconds,
-                ),
-            )
+        self._log_stats(
+            sharding_plan,
+            best_plan,
+            sharders,
+            start_time,
+            debug_stats=PlanDebugStats(
+                planner_type=self.__class__.__name__,
+                timeout_seconds=self._timeout_seconds,
+            ),
+        )
         validate_modules_inclusion_in_sharding_plan(sharding_plan, module, sharders)
         validate_rank_assignment(sharding_plan, self._topology)
         validate_compute_kernels(best_plan)
@@ -849,21 +835,7 @@ class FastPlanner(EmbeddingShardingPlanner):
         for sharding_option in last_proposal:
             for shard in sharding_option.shards:
                 shard.rank = -1
-        for stats in self._stats:
-            stats.log(
-                sharding_plan=sharding_plan,
-                topology=self._topology,
-                batch_size=self._batch_size,
-                storage_reservation=self._storage_reservation,
-                num_proposals=self._num_proposals,
-                num_plans=self._num_plans,
-                run_time=end_time - start_time,
-                best_plan=last_proposal,
-                constraints=self._constraints,
-                sharders=sharders,
-                enumerator=self._enumerator,
-                debug=self._debug,
-            )
+        self._log_stats(sharding_plan, last_proposal, sharders, start_time, end_time=end_time)
         if not lowest_storage.fits_in(global_storage_constraints):
             raise PlannerError(
                 error_type=PlannerErrorType.INSUFFICIENT_STORAGE,
@@ -877,3 +849,32 @@ class FastPlanner(EmbeddingShardingPlanner):
             + no_plan_solution
             + last_planner_error_info,
         )
+
+    def _log_stats(
+        self,
+        sharding_plan: ShardingPlan,
+        best_plan: list[ShardingOption],
+        sharders: list[ModuleSharder[nn.Module]],
+        start_time: float,
+        end_time: float | None = None,
+        **extra: Any,
+    ) -> None:
+        """Every stats logger's ``log`` call, with the arguments the stock planner passes
+        (``extra``: ``debug_stats`` on success); ``end_time`` now unless given."""
+        run_time = (perf_counter() if end_time is None else end_time) - start_time
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=sharding_plan,
+                topology=self._topology,
+                batch_size=self._batch_size,
+                storage_reservation=self._storage_reservation,
+                num_proposals=self._num_proposals,
+                num_plans=self._num_plans,
+                run_time=run_time,
+                best_plan=best_plan,
+                constraints=self._constraints,
+                enumerator=self._enumerator,
+                sharders=sharders,
+                debug=self._debug,
+                **extra,
+            )

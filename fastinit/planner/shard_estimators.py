@@ -13,6 +13,7 @@ from collections.abc import Hashable
 from typing import Any, cast
 
 import torch
+from torchrec.distributed.planner.constants import BIGINT_DTYPE, KV_CACHING_RATIO, UVM_CACHING_RATIO
 from torchrec.distributed.planner.shard_estimators import (
     EmbeddingStorageEstimator,
     calculate_shard_storages,
@@ -27,6 +28,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import KeyValueParams, ShardingType
 from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
 
+from fastinit import ports
 from fastinit.planner.types import (
     CompactOption,
     CompactUnsupported,
@@ -96,8 +98,6 @@ _STORAGE_ESTIMATE = (
 def _kv_params_from_constraints_only() -> bool:
     """The installed ``EmbeddingStorageEstimator.estimate`` is 1.8.0's, which reads
     ``key_value_params`` from the constraints only (1.9 prefers the option's own value)."""
-    from fastinit import ports
-
     return ports.mirrors_release(_STORAGE_ESTIMATE, "torchrec 1.8.0")
 
 
@@ -131,12 +131,6 @@ class MemoStorageEstimator(EmbeddingStorageEstimator):
             ``calculate_shard_storages`` returned something other than stock ``Storage`` objects,
             its result as it is (one object per shard of ``shard_sizes``).
         """
-        from torchrec.distributed.planner.constants import (
-            BIGINT_DTYPE,
-            KV_CACHING_RATIO,
-            UVM_CACHING_RATIO,
-        )
-
         sharder_data = sharder_data_map[sharding_option.module_type_key]
         caching_ratio = sharding_option.cache_load_factor
         if caching_ratio is None:

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastinit.plan.layout import LazyShards, SharedShards
+
 
 def _params_of(module: Any) -> nn.ModuleDict | None:
     """The per-table ``nn.Module`` dict of a sharded EC (``embeddings``) or EBC
@@ -126,8 +128,6 @@ def sharded_tensor_from_checked_layout(
     from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
     from torch.distributed._shard.sharding_spec import ShardingSpec
-
-    from fastinit.plan.layout import LazyShards, SharedShards
 
     props = metadata.tensor_properties
     if props.layout != torch.strided:

@@ -32,9 +32,10 @@ from torchrec.distributed.embeddingbag import (
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
+from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import data_type_to_dtype
 
-from fastinit import seeding
+from fastinit import compat, ports, seeding
 from fastinit.sharding import _torchrec_modules as _trc
 from fastinit.sharding import kernels as _kernels
 from fastinit.sharding import local as _local
@@ -58,8 +59,6 @@ _EBC_INIT_DP = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection.
 def _ebc_ddp_device_types() -> frozenset[str]:
     """The device types whose device the stock EBC ``init_data_parallel`` hands DDP as
     ``device_ids``: cuda and mtia in 1.8.0, tpu too in 1.9 (stock EC: cuda only, both)."""
-    from fastinit import ports
-
     if ports.mirrors_release(_EBC_INIT_DP, "torchrec 1.8.0"):
         return frozenset({"cuda", "mtia"})
     return frozenset({"cuda", "mtia", "tpu"})
@@ -74,7 +73,7 @@ def _skips_grad_sync(module: Any) -> bool:
 def _ddp_without_init_sync(
     lookup: nn.Module, env: Any, device: torch.device | None, device_types: frozenset[str]
 ) -> nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # looked up per call (tests record it)
 
     return DistributedDataParallel(
         module=lookup,
@@ -374,11 +373,7 @@ def fast_sharders(sharders: list[Any] | None, seed: int) -> list[Any]:
     Returns:
         One sharder per given sharder, in order.
     """
-    from fastinit import compat
-
     compat.require("sharders")
     if sharders is None:
-        from torchrec.distributed.sharding_plan import get_default_sharders
-
         sharders = get_default_sharders()
     return [_fast_copy(s, seed) for s in sharders]

@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from fastinit.errors import FreshProcessError, RanksFailed
+from fastinit.trace import Tracer
 
 __all__ = ["run_ranks", "on_ranks", "RankResult", "RanksFailed", "free_port"]
 
@@ -63,8 +65,6 @@ class RankResult:
 
 def free_port() -> int:
     """An ephemeral TCP port on 127.0.0.1 that was free a moment ago."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -146,8 +146,6 @@ def _child(job: _Job, conn: Connection) -> None:
 
         fn = _resolve(job.fn_ref)
         if job.trace:
-            from fastinit.trace import Tracer
-
             tracer = Tracer(rank=job.rank).start()
         if job.init_pg:
             timeout = timedelta(seconds=job.pg_timeout_s)

@@ -23,6 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torchrec.distributed import sharding_plan as sp
+from torchrec.distributed.comm import get_local_size
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 if TYPE_CHECKING:
@@ -93,8 +100,6 @@ class ModelSpec:
 
 
 def _dtype(spec: ModelSpec, index: int) -> Any:
-    from torchrec.modules.embedding_configs import DataType
-
     if spec.fp16_every and index % spec.fp16_every == spec.fp16_every - 1:
         return DataType.FP16
     return DataType.FP32
@@ -102,8 +107,6 @@ def _dtype(spec: ModelSpec, index: int) -> Any:
 
 def table_configs(spec: ModelSpec) -> dict[str, list[BaseEmbeddingConfig]]:
     """The table configs of each sparse module (``ebc``, ``wbc``, ``ec``), deterministic."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-
     out: dict[str, list[BaseEmbeddingConfig]] = {"ebc": [], "wbc": [], "ec": []}
     index = itertools.count()
     for prefix, key, count in (
@@ -191,10 +194,6 @@ class SparseArch(nn.Module):
 
     def __init__(self, spec: ModelSpec, device: torch.device) -> None:
         super().__init__()
-        from torchrec.modules.embedding_modules import (
-            EmbeddingBagCollection,
-            EmbeddingCollection,
-        )
 
         configs = table_configs(spec)
         self.ebc = (
@@ -267,8 +266,6 @@ def build_model(
 
 
 def _generator(kind: str, index: int, world_size: int, local_size: int, kernel: str) -> Any:
-    from torchrec.distributed import sharding_plan as sp
-
     num_hosts = world_size // local_size
     if kind == "data_parallel":
         return sp.data_parallel()
@@ -320,11 +317,6 @@ def build_plan(
     Returns:
         A ``ShardingPlan`` with one module plan per sparse module.
     """
-    from torchrec.distributed.comm import get_local_size
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
     local_world_size = local_world_size or get_local_size(world_size)
     if world_size % local_world_size:
         raise ValueError(f"world_size {world_size} is not a multiple of {local_world_size}")
@@ -376,8 +368,6 @@ def make_batch(
 ) -> Batch:
     """A valid batch for ``spec``: ids within each table's rows, lengths around ``spec.pooling``
     (a geometric spread, as in click logs: many short lists, a few long ones)."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
     g = torch.Generator().manual_seed(seed)
     configs = table_configs(spec)
 

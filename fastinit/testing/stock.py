@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fastinit import trace
@@ -36,7 +37,6 @@ def stock_setup(
         phases: when given and a tracer is active, filled with per-phase counts
             (``"plan"``, ``"dmp"``) from :meth:`fastinit.trace.Tracer.window`.
     """
-    import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 
 __all__: list[str] = []
@@ -49,7 +50,6 @@ def untrusted(path: str) -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    import stat
 
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link"

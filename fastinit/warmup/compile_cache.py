@@ -64,6 +64,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -365,7 +366,6 @@ class CompileCache:
         meta_path = os.path.join(self.path, _PRECOMPILED_META)
         if not os.path.lexists(meta_path):
             return {}
-        import stat
 
         if not stat.S_ISREG(os.lstat(meta_path).st_mode):
             raise ValueError(f"{_PRECOMPILED_META} is not a regular file")
@@ -386,7 +386,6 @@ class CompileCache:
             self._discard_precompiled(f"{type(e).__name__}: {e}")
             return {}
         out: dict[str, bytes] = {}
-        import stat
 
         for path, entry in meta.get("targets", {}).items():
             try:
@@ -506,8 +505,6 @@ class CompileCache:
         if not os.path.exists(meta_path):
             return None
         try:
-            import stat
-
             for path in (meta_path, data_path):
                 if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO would block open()
                     raise ValueError(f"{os.path.basename(path)} is not a regular file")

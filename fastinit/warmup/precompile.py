@@ -39,6 +39,8 @@ captured whole), so the two paths may differ in the last bits of floating point.
 
 from __future__ import annotations
 
+import copy
+import io
 import logging
 import threading
 import warnings
@@ -121,8 +123,6 @@ class PrecompiledTarget:
     # -- loading and compiling -----------------------------------------------------------------
 
     def _load(self, data: bytes) -> None:
-        import io
-
         import torch
 
         try:
@@ -226,8 +226,6 @@ class PrecompiledTarget:
         """Compile on a thread, on copies: of the module (its values are read by the compiled
         code as inputs, so a copy compiles the same code) and of these inputs (same shapes,
         dtypes, ``requires_grad``), so training goes on undisturbed on the originals."""
-        import copy
-
         import torch
         from torch.utils._pytree import tree_map
 

@@ -15,6 +15,7 @@ for the part still under way).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 import time
 
@@ -78,8 +79,6 @@ def prefetch_compiler(
     holder: list[CompilerPrefetch] = []
 
     def run() -> None:
-        import importlib
-
         out = holder[0]
         t = time.perf_counter()
         try:

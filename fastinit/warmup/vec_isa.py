@@ -40,6 +40,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -161,8 +162,6 @@ def _read(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     Raises:
         ValueError: corrupt, not a regular file, or not trusted.
     """
-    import stat
-
     if not os.path.lexists(path):
         return None
     why = untrusted(path)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -182,8 +183,6 @@ class _LazyCompile:
     """``torch.compile(forward, ...)``, made at the first call (once, under a lock)."""
 
     def __init__(self, forward: Any, config: CompileConfig) -> None:
-        import threading
-
         self._forward = forward
         self._config = config
         self._fn: Any = None

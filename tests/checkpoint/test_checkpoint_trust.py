@@ -794,12 +794,24 @@ def _replan_save_rank(root: str, types: dict[str, str], tag: str) -> None:
     _stock_save(f"{root}/{tag}-stock", model, opts)
 
 
-def _replan_load_rank(root: str, types: dict[str, str], tag: str) -> dict[str, Any]:
+def _stock_load(path: str, model: Any, optimizers: dict[str, Any]) -> dict[str, Any]:
+    """DCP's own resharded load of ``path`` (what it can carry) into ``model`` and
+    ``optimizers``: the reference a re-planned load is compared with; their local values."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    from fastinit import checkpoint, knobs
     from fastinit.checkpoint.state import build_state
+
+    state = build_state(model, optimizers)
+    dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    model.load_state_dict(state["model"])
+    for name, opt in optimizers.items():
+        opt.load_state_dict(state[name])
+    return _local(model, optimizers)
+
+
+def _replan_load_rank(root: str, types: dict[str, str], tag: str) -> dict[str, Any]:
+    from fastinit import checkpoint, knobs
 
     ours, ours_opts = _build(types, seed=21)
     fresh = _local(ours, ours_opts)
@@ -807,26 +819,14 @@ def _replan_load_rank(root: str, types: dict[str, str], tag: str) -> dict[str, A
         report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
         strict = _error_of(lambda: checkpoint.load(f"{root}/{tag}", ours, ours_opts, strict=True))
     got = _local(ours, ours_opts)
-    # DCP's own resharded load of the same state (what it can carry) is the reference.
-    theirs, theirs_opts = _build(types, seed=22)
-    state = build_state(theirs, theirs_opts)
-    dcp.load(
-        state,
-        checkpoint_id=f"{root}/{tag}-stock",
-        planner=DefaultLoadPlanner(allow_partial_load=True),
-    )
-    theirs.load_state_dict(state["model"])
-    for name, opt in theirs_opts.items():
-        opt.load_state_dict(state[name])
+    ref = _stock_load(f"{root}/{tag}-stock", *_build(types, seed=22))
     missing = sorted(report.missing)
     carried = {k: v for k, v in got.items() if k not in report.missing}
     return {
         "mode": report.mode,
         "missing": missing,
         "reasons": sorted(set(report.missing.values())),
-        "carried_diff": _diff(
-            carried, {k: v for k, v in _local(theirs, theirs_opts).items() if k in carried}
-        ),
+        "carried_diff": _diff(carried, {k: v for k, v in ref.items() if k in carried}),
         "missing_kept_fresh": _diff({k: fresh[k] for k in missing}, {k: got[k] for k in missing}),
         "strict": strict,
     }
@@ -903,27 +903,13 @@ def _planned_save_rank(root: str, tag: str) -> dict[str, str]:
 
 
 def _planned_load_rank(root: str, tag: str) -> dict[str, Any]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
     from fastinit import checkpoint, knobs
-    from fastinit.checkpoint.state import build_state
 
     ours, ours_opts, types = _planned(seed=21)
     with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
         report = checkpoint.load(f"{root}/{tag}", ours, ours_opts)
     got = _local(ours, ours_opts)
-    theirs, theirs_opts, _ = _planned(seed=22)
-    state = build_state(theirs, theirs_opts)
-    dcp.load(
-        state,
-        checkpoint_id=f"{root}/{tag}-stock",
-        planner=DefaultLoadPlanner(allow_partial_load=True),
-    )
-    theirs.load_state_dict(state["model"])
-    for name, opt in theirs_opts.items():
-        opt.load_state_dict(state[name])
-    ref = _local(theirs, theirs_opts)
+    ref = _stock_load(f"{root}/{tag}-stock", *_planned(seed=22)[:2])
     carried = [k for k in got if k not in report.missing]
     return {
         "types": types,

@@ -19,6 +19,7 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec  # noq
 
 from fastinit.plan import layout  # noqa: E402
 from fastinit.plan.codec import decode_plan, encode_plan  # noqa: E402
+from fastinit.plan.compact import CompactShardingSpec, compact_plan  # noqa: E402
 from fastinit.testing.models import (  # noqa: E402
     SHARDING_TYPES,
     ModelSpec,
@@ -122,7 +123,7 @@ def test_compact_plan_keeps_the_plan_and_its_bytes() -> None:
     path, name = _irregular(plan, model)
     before = encode_plan(plan)
     plain = plan_to_plain(plan)
-    compact = layout.compact_plan(plan)
+    compact = compact_plan(plan)
     assert encode_plan(plan) == before and plan_to_plain(plan) == plain  # the given plan: as it was
     kinds = {}
     for p, mp in compact.plan.items():
@@ -135,13 +136,13 @@ def test_compact_plan_keeps_the_plan_and_its_bytes() -> None:
             elif (p, n) == (path, name):
                 assert spec is given, "a table whose shards follow no rule keeps its list"
             else:
-                assert isinstance(spec, layout.compact_class()) and not spec.expanded, (p, n)
+                assert isinstance(spec, CompactShardingSpec) and not spec.expanded, (p, n)
                 assert spec == given
     assert "CompactShardingSpec" in kinds.values()
     assert encode_plan(compact) == before  # the same bytes, so the same digest
     assert plan_to_plain(compact) == plain
     assert plan_to_plain(decode_plan(before)) == plain
-    assert layout.compact_plan(compact) is compact  # already compact: nothing to do
+    assert compact_plan(compact) is compact  # already compact: nothing to do
 
 
 _FAKE = textwrap.dedent(
@@ -224,11 +225,11 @@ def test_compact_plan_of_a_torch_saved_plan(tmp_path: Any) -> None:
     plan = build_plan(model, ["row_wise", "table_row_wise"], world_size=32, local_world_size=8)
     torch.save(plan, tmp_path / "plan.pt")
     loaded = torch.load(tmp_path / "plan.pt", weights_only=False)
-    compact = layout.compact_plan(loaded)
+    compact = compact_plan(loaded)
     assert encode_plan(compact) == encode_plan(plan)
     for mp in compact.plan.values():
         for ps in mp.values():
-            assert isinstance(ps.sharding_spec, layout.compact_class())
+            assert isinstance(ps.sharding_spec, CompactShardingSpec)
     assert copy.deepcopy(compact).plan.keys() == plan.plan.keys()
 
 
@@ -240,7 +241,7 @@ def test_the_user_factory_plan_compacts_to_itself() -> None:
 
     model = user_model()
     plan = user_plan(model, 16, 8)
-    compact = layout.compact_plan(plan)
+    compact = compact_plan(plan)
     kinds = set()
     for p, mp in compact.plan.items():
         for n, ps in mp.items():

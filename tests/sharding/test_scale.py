@@ -26,6 +26,7 @@ from fastinit.plan.codec import (  # noqa: E402
     decode_plan,
     encode_plan,
 )
+from fastinit.plan.compact import CompactShardingSpec, validate_compact  # noqa: E402
 from fastinit.testing.models import SHARDING_TYPES, ModelSpec, build_model, build_plan  # noqa: E402
 
 SPEC = ModelSpec(num_tables=7, num_ec_tables=7, rows=300)
@@ -60,7 +61,7 @@ def test_compact_plan_equals_stock_and_stays_small(model: Any, device_type: str)
         assert encode_plan(copy.deepcopy(decoded)) == data
         assert encode_plan(pickle.loads(pickle.dumps(decoded))) == data
         for (where, spec), (_, got) in zip(_specs(plan), _specs(decoded), strict=True):
-            assert isinstance(got, layout.compact_class()), where
+            assert isinstance(got, CompactShardingSpec), where
             assert not got.expanded
             for rank in {0, 1 % n, n // 2, n - 1}:
                 mine = [(i, s) for i, s in enumerate(spec.shards) if s.placement.rank() == rank]
@@ -82,7 +83,7 @@ def test_runs_are_few_for_regular_layouts(model: Any) -> None:
         runs = layout.runs_of(spec.shards)
         layout.check_runs(runs)
         assert len(runs) <= 6, (where, runs)
-        assert layout.compact_spec(runs).shards == spec.shards
+        assert CompactShardingSpec(runs).shards == spec.shards
 
 
 def _encoded_with_runs(runs: list[list[Any]]) -> bytes:
@@ -168,33 +169,33 @@ def test_range_lists_are_canonical() -> None:
 
 def test_validate_compact() -> None:
     def spec(*runs: layout.ShardRun) -> Any:
-        return layout.compact_spec(runs)
+        return CompactShardingSpec(runs)
 
     rw = spec(
         layout.ShardRun(3, (4, 8), (0, 0), (4, 0), 0, 1, "cpu", 0),
         layout.ShardRun(1, (2, 8), (12, 0), (0, 0), 3, 0, "cpu", 0),
     )
-    assert layout.validate_compact(rw, (14, 8), "t")
+    assert validate_compact(rw, (14, 8), "t")
     with pytest.raises(PlanMismatchError, match="outside"):
-        layout.validate_compact(rw, (13, 8), "t")
+        validate_compact(rw, (13, 8), "t")
     with pytest.raises(PlanMismatchError, match="cover"):
-        layout.validate_compact(rw, (15, 8), "t")
+        validate_compact(rw, (15, 8), "t")
     overlap = spec(layout.ShardRun(2, (4, 8), (0, 0), (2, 0), 0, 1, "cpu", 0))
     with pytest.raises(PlanMismatchError, match="overlap"):
-        layout.validate_compact(overlap, (6, 8), "t")
+        validate_compact(overlap, (6, 8), "t")
     interleaved = spec(
         layout.ShardRun(2, (1, 8), (0, 0), (2, 0), 0, 1, "cpu", 0),
         layout.ShardRun(2, (1, 8), (1, 0), (2, 0), 2, 1, "cpu", 0),
     )
-    assert layout.validate_compact(interleaved, (4, 8), "t")
+    assert validate_compact(interleaved, (4, 8), "t")
     clash = spec(
         layout.ShardRun(2, (1, 8), (0, 0), (2, 0), 0, 1, "cpu", 0),
         layout.ShardRun(2, (1, 8), (0, 0), (3, 0), 2, 1, "cpu", 0),
     )
     with pytest.raises(PlanMismatchError):
-        layout.validate_compact(clash, (5, 8), "t")
+        validate_compact(clash, (5, 8), "t")
     stock = EnumerableShardingSpec([ShardMetadata([0, 0], [4, 8], "rank:0/cpu")])
-    assert not layout.validate_compact(stock, (4, 8), "t")  # the caller checks it per shard
+    assert not validate_compact(stock, (4, 8), "t")  # the caller checks it per shard
 
 
 # ---- construction on the fake backend (one process, N ranks) ---------------------------------

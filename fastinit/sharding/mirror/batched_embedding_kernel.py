@@ -9,13 +9,17 @@ nested in that ``__init__``) computed once per table layout.
 
 from __future__ import annotations
 
+import copy
+import itertools
 from typing import Any
 
 import torch
-from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensorMetadata
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+from torchrec.optim.fused import FusedOptimizer
 
-from fastinit.plan.layout import LazyShards, SharedShards
+from fastinit.plan.layout import Expansions, LazyShards, SharedShards
 from fastinit.sharding import rules
 from fastinit.sharding.local import sharded_tensor
 
@@ -24,8 +28,6 @@ __all__ = ["fused_optimizer_init"]
 
 def _new_shard_metadata(offsets: list[int], sizes: list[int], placement: Any) -> Any:
     """A ``ShardMetadata`` of values taken from checked metadata (no re-validation)."""
-    from torch.distributed._shard.metadata import ShardMetadata
-
     md = object.__new__(ShardMetadata)
     md.shard_offsets = offsets
     md.shard_sizes = sizes
@@ -62,8 +64,6 @@ class _RuledStateLayout:
     __slots__ = ("table", "runs", "exp", "size")
 
     def __init__(self, table: LazyShards, runs: Any, size: torch.Size) -> None:
-        from fastinit.plan.layout import Expansions
-
         self.table = table
         self.runs = runs
         self.exp = Expansions()  # the states' ShardMetadata are their own, as TorchRec's are
@@ -88,7 +88,7 @@ def _optimizer_state_metadata(
     optimizers whose global shard lists share a :class:`SharedShards` layout share the result)
     and without hashing every ``ShardMetadata``."""
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
-    from torchrec.distributed.comm import get_node_group_size
+    from torchrec.distributed.comm import get_node_group_size  # looked up per call
 
     shards = table_global_metadata.shards_metadata
     grid_nodes = 1
@@ -189,12 +189,6 @@ def fused_optimizer_init(
     """The body of ``EmbeddingFusedOptimizer.__init__`` (torchrec 1.8.0) without DTensor state,
     its ShardedTensors built by :func:`fast_sharded_tensor` and its state metadata by
     :func:`_optimizer_state_metadata`."""
-    import copy
-    import itertools
-
-    from torch.distributed._shard.sharded_tensor import Shard
-    from torchrec.optim.fused import FusedOptimizer
-
     self._emb_module = emb_module
     self._pg = pg
     state: dict[Any, Any] = {}

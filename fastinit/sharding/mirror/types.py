@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from fastinit import protocol
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingEnv
@@ -20,10 +23,7 @@ __all__ = ["sharding_env_from_process_group"]
 def sharding_env_from_process_group(pg: dist.ProcessGroup, device: torch.device) -> ShardingEnv:
     """A ``ShardingEnv`` on ``pg`` whose device mesh comes from the group itself (stock builds a
     new mesh with ``init_device_mesh``, on the device torch uses for object collectives)."""
-    from torch.distributed.device_mesh import DeviceMesh
     from torchrec.distributed.types import ShardingEnv
-
-    from fastinit import protocol
 
     env = ShardingEnv.__new__(ShardingEnv)
     env.world_size = dist.get_world_size(pg)

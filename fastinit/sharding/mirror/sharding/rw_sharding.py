@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensorMetadata
+from torch.distributed._tensor.placement_types import Replicate, Shard
 from torchrec.distributed.embedding_sharding import (
     EmbeddingSharding,
     EmbeddingShardingInfo,
     group_tables,
 )
-from torchrec.distributed.embedding_types import ShardedEmbeddingTable
+from torchrec.distributed.embedding_types import DTensorMetadata, ShardedEmbeddingTable
 from torchrec.distributed.types import ShardingEnv
 
 from fastinit.plan.layout import LazyShards, SharedShards
@@ -49,9 +50,6 @@ def _rw_tables(
     sharding: Any, infos: list[EmbeddingShardingInfo], rank: int, cache: dict[int, Any]
 ) -> list[ShardedEmbeddingTable]:
     """``BaseRwEmbeddingSharding._shard(infos)[rank]``, for one rank."""
-    from torch.distributed._tensor.placement_types import Replicate, Shard
-    from torchrec.distributed.embedding_types import DTensorMetadata
-
     tables = []
     for info in infos:
         config = info.embedding_config

@@ -206,6 +206,10 @@ class CriteoFiles(IterableDataset):
         while True:
             for name in mine:
                 with np.load(os.path.join(self.path, name)) as data:
+                    batches = len(range(0, len(data["labels"]) - b + 1, b))  # as the loop below
+                    if skip >= batches:  # a file whose batches are all skipped: not read
+                        skip -= batches
+                        continue
                     dense, labels = data["dense"], data["labels"]
                     lengths, values = data["lengths"], data["values"]
                 t, n = lengths.shape

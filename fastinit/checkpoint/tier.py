@@ -37,6 +37,7 @@ __all__ = [
     "adoptable",
     "remember_loaded",
     "last_loaded",
+    "predecessor_writers",
     "await_predecessor_writers",
 ]
 

@@ -510,10 +510,10 @@ def test_data_resumes_at_a_batch_without_building_the_skipped_ones(
             for b in itertools.islice(it, n)
         ]
 
-    whole = batches(0, 20)
-    for start in (1, 5, 8):
-        got = batches(start, 20 - start)
-        assert len(got) == 20 - start
+    whole = batches(0, 40)
+    for start in (1, 5, 8, 29):  # 29: whole files (4 batches each) skipped unread, cycling
+        got = batches(start, 40 - start)
+        assert len(got) == 40 - start
         for a, b in zip(got, whole[start:], strict=True):
             assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), start
     assert not all(torch.equal(x, y) for x, y in zip(whole[0], whole[1], strict=True))

@@ -112,6 +112,10 @@ def format_saves(summary: Mapping[str, Any]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _opt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
 def _limits(summary: Mapping[str, Any]) -> str:
     lim = summary["limits"]
     gb = summary["bytes"] / 1e9
@@ -119,16 +123,19 @@ def _limits(summary: Mapping[str, Any]) -> str:
     fresh = statistics.median(lim["fresh_copy_s"])
     f = lim["file"]
     return (
-        "| limit | seconds | GB/s |\n|---|---:|---:|\n"
+        "| limit | seconds | GB/s | CPU s |\n|---|---:|---:|---:|\n"
         f"| copy into a warm buffer (median of {len(lim['warm_copy_s'])}) | {warm:.3f} "
-        f"| {gb / warm:.1f} |\n"
+        f"| {gb / warm:.1f} | |\n"
         f"| copy into fresh memory (median of {len(lim['fresh_copy_s'])}) | {fresh:.3f} "
-        f"| {gb / fresh:.1f} |\n"
-        f"| file write + fsync | {f['write_s']:.2f} | {f['write_gb_s']:.2f} |\n"
+        f"| {gb / fresh:.1f} | |\n"
+        f"| file write + fsync, through the page cache | {f['write_s']:.2f} "
+        f"| {f['write_gb_s']:.2f} | {_opt(f.get('write_cpu_s'))} |\n"
+        f"| file write + fsync, O_DIRECT (fastinit's writer) | {_opt(f.get('direct_write_s'))} "
+        f"| {_opt(f.get('direct_write_gb_s'))} | {_opt(f.get('direct_write_cpu_s'))} |\n"
         f"| file read, page cache dropped | {f['read_device_s']:.2f} "
-        f"| {f['read_device_gb_s']:.2f} |\n"
+        f"| {f['read_device_gb_s']:.2f} | |\n"
         f"| file read, from the page cache | {f['read_cache_s']:.2f} "
-        f"| {f['read_cache_gb_s']:.2f} |\n"
+        f"| {f['read_cache_gb_s']:.2f} | |\n"
     )
 
 

@@ -9,12 +9,10 @@ it travels as its 16 raw bytes.
 
 from __future__ import annotations
 
-import io
 import os
-import time
 from typing import Any
 
-__all__ = ["Hasher", "digest", "file_digest", "HashingWriter", "DIGEST_BYTES"]
+__all__ = ["Hasher", "digest", "file_digest", "DIGEST_BYTES"]
 
 #: Raw size of a digest (the hex form is twice as long).
 DIGEST_BYTES = 16
@@ -63,48 +61,6 @@ def file_digest(path: str) -> tuple[int, str]:
             h.update(view[:n])
             size += n
     return size, h.hexdigest()
-
-
-class HashingWriter(io.RawIOBase):
-    """A writable binary stream that hashes what passes through it to ``raw``."""
-
-    def __init__(self, raw: Any) -> None:
-        super().__init__()
-        self.raw = raw
-        self.hasher = Hasher()
-        self.size = 0
-        self.hash_s = 0.0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        t = time.perf_counter()
-        self.hasher.update(b)
-        self.hash_s += time.perf_counter() - t
-        n = self.raw.write(b)
-        n = len(memoryview(b).cast("B")) if n is None else n
-        self.size += n
-        return n
-
-    def tell(self) -> int:
-        return int(self.raw.tell())
-
-    def seekable(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        return int(self.raw.fileno())
-
-    def flush(self) -> None:
-        if not self.raw.closed:
-            self.raw.flush()
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        super().close()  # flushes first
-        self.raw.close()
 
 
 def fsync_dir(path: str) -> None:

@@ -12,8 +12,9 @@ page-locked (``cudaHostRegister``) so the device-to-host copy runs at full speed
 Buffers are named by the save they hold: ``fastinit-ckpt.<uid>.<save id>.r<rank>``. A
 :class:`Pool` per process keeps at most two: the latest committed save's (the tier) and the one
 being written; a new save takes a buffer that holds neither and renames it. The first 4 KiB of
-a buffer is a JSON header (who made it: job, rank, save, pids), the tensors follow at 64-byte
-aligned offsets (:class:`Layout`).
+a buffer is a JSON header (who made it: job, rank, save, pids), the tensors follow at 4 KiB
+aligned offsets (:class:`Layout`), so the writer's disk can read them where they lie
+(:mod:`fastinit.checkpoint.direct`).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fastinit import _faults
+from fastinit.checkpoint.direct import BLOCK
 
 __all__ = ["Segment", "Layout", "Slot", "Pool", "segment_name", "shm_dir", "HEADER_BYTES"]
 
 PREFIX = "fastinit-ckpt"
 HEADER_BYTES = 4096
-_ALIGN = 64
+_ALIGN = BLOCK
 _ROUND = 1 << 20
 
 
@@ -69,7 +71,7 @@ class Slot:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
-    """The slots of a buffer: every tensor a save stages, in order, 64-byte aligned."""
+    """The slots of a buffer: every tensor a save stages, in order, 4 KiB aligned."""
 
     slots: tuple[Slot, ...]
     size: int

@@ -3,9 +3,10 @@
 ``save`` copies the state into a staging buffer (:mod:`fastinit.checkpoint.staging`) and sends
 the writer a :class:`WriteJob`: where the tensors lie in the buffer, DCP's save plan for them
 (computed by the trainer, which holds the live ShardedTensors), the pickled small objects, and on
-rank 0 the index. The writer writes each part with DCP's own ``FileSystemWriter`` (so the files
-are DCP's: ``.metadata`` + ``__0_0.distcp``), hashing every file as it streams to disk and every
-tensor's staged bytes, then the part's manifest, last and atomically, and answers
+rank 0 the index. The writer writes each part as DCP's ``FileSystemWriter`` would (the files
+are DCP's: ``.metadata`` + ``__0_0.distcp``), but with the disk reading the tensors straight from
+the staging buffer (:mod:`fastinit.checkpoint.direct`), hashing every file as it is written and
+every tensor's staged bytes, then the part's manifest, last and atomically, and answers
 ``("written", ...)``.
 
 The writer is a separate process (``python -m fastinit.checkpoint.writer``) in a session of its
@@ -23,23 +24,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import os
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zipfile
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
 
 from fastinit import _faults
 from fastinit.checkpoint import commit as commits
+from fastinit.checkpoint import direct
 from fastinit.checkpoint import format as fmt
-from fastinit.checkpoint.digest import HashingWriter, digest, file_digest
+from fastinit.checkpoint.digest import digest, file_digest
 from fastinit.checkpoint.staging import Segment, Slot
 
 __all__ = ["Part", "WriteJob", "Written", "WriterProcess", "WriterThread", "write_job", "main"]
@@ -99,103 +97,24 @@ class Written:
     bytes: int = 0
     digest_s: float = 0.0
     """Seconds spent computing digests of the staged items (the files hash as they stream)."""
+    cpu_s: float = 0.0
+    """CPU seconds (user and system) the write took: what it took from the host's trainers."""
 
 
 # -- writing one job -------------------------------------------------------------------------
 
 
-class _Resolver:
-    """What DCP's writer asks its planner for: each item's data, from the staging buffer."""
+def _resolve(part: Part, segment: Segment) -> Any:
+    """Each item's data for :func:`direct.write_items`, from the staging buffer."""
+    from torch.distributed.checkpoint.planner import WriteItemType
 
-    def __init__(self, part: Part, segment: Segment) -> None:
-        self.part = part
-        self.segment = segment
-
-    def resolve_data(self, item: Any) -> Any:
-        from torch.distributed.checkpoint.planner import WriteItemType
-
+    def resolve(item: Any) -> tuple[Any, memoryview | None, int]:
         if item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(self.part.objects[item.index.fqn])
-        slot = self.part.slots[(item.index.fqn, tuple(item.index.offset))]
-        return self.segment.slot(slot)
+            return part.objects[item.index.fqn], None, 0
+        slot = part.slots[(item.index.fqn, tuple(item.index.offset))]
+        return segment.slot(slot), segment.bytes_at(slot.offset, slot.nbytes), slot.offset
 
-
-def _hashing_fs() -> Any:
-    """DCP's ``FileSystem`` whose written files are hashed as they stream (``digests``)."""
-    from torch.distributed.checkpoint.filesystem import FileSystem
-
-    class HashingFileSystem(FileSystem):
-        def __init__(self) -> None:
-            super().__init__()
-            self.digests: dict[str, tuple[int, str]] = {}
-            self.hash_s = 0.0
-
-        @contextlib.contextmanager
-        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
-            if mode != "wb":
-                with super().create_stream(path, mode) as stream:
-                    yield stream
-                return
-            with open(path, "wb") as raw:
-                stream = HashingWriter(raw)
-                yield stream
-                self.digests[os.path.basename(os.fspath(path))] = (
-                    stream.size,
-                    stream.hasher.hexdigest(),
-                )
-                self.hash_s += stream.hash_s
-
-    return HashingFileSystem()
-
-
-class _Window(io.RawIOBase):
-    """A read-only window ``[start, start + length)`` of an open file (for ``zipfile``)."""
-
-    def __init__(self, f: Any, start: int, length: int) -> None:
-        super().__init__()
-        self.f, self.start, self.length, self.pos = f, start, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.length}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), self.length - self.pos))
-        self.f.seek(self.start + self.pos)
-        got = self.f.readinto(memoryview(b)[:n])
-        self.pos += got or 0
-        return got or 0
-
-
-def data_offset(f: Any, start: int, length: int, nbytes: int) -> int:
-    """Where a tensor's raw bytes begin inside its ``torch.save`` record ``[start, +length)``
-    of the open file ``f`` (DCP's format: a stored, uncompressed zip)."""
-    with zipfile.ZipFile(_Window(f, start, length)) as z:
-        infos = [i for i in z.infolist() if i.filename.endswith("/data/0")]
-        if len(infos) != 1:
-            raise ValueError("not a single-storage torch.save record")
-        info = infos[0]
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes:
-            raise ValueError(
-                f"the record's data is {info.file_size} bytes (compression {info.compress_type}), "
-                f"expected {nbytes} stored"
-            )
-        f.seek(start + info.header_offset)
-        header = f.read(30)
-        if header[:4] != b"PK\x03\x04":
-            raise ValueError("no local zip header where the directory points")
-        name_len, extra_len = struct.unpack("<HH", header[26:30])
-        return info.header_offset + 30 + name_len + extra_len
+    return resolve
 
 
 def _write_part(
@@ -204,67 +123,44 @@ def _write_part(
     import torch.distributed.checkpoint as dcp
 
     part_dir = os.path.join(job.checkpoint_dir, fmt.data_dir_name(job.save_id), part.subdir)
-    writer = dcp.FileSystemWriter(
-        part_dir, sync_files=True, thread_count=1, per_thread_copy_ahead=0, overwrite=False
-    )
-    fs = _hashing_fs()
-    writer.fs = fs
+    writer = dcp.FileSystemWriter(part_dir, sync_files=True, thread_count=1, overwrite=False)
     writer.save_id = job.save_id
     writer.set_up_storage_writer(True)
     plan = writer.prepare_local_plan(part.plan)
     _faults.point("checkpoint.write", rank=job.rank, part=part.subdir)
-    resolver: Any = _Resolver(part, segment)  # DCP asks its planner only for resolve_data
-    results = writer.write_data(plan, resolver).value()
+    results, files, where = direct.write_items(part_dir, plan, _resolve(part, segment))
     writer.finish(dataclasses.replace(part.metadata), [results])
-    timing["digest_s"] += fs.hash_s
-    files: dict[str, tuple[int, str]] = {}
     files[fmt.DCP_METADATA] = file_digest(os.path.join(part_dir, fmt.DCP_METADATA))
-    for name, (size, hexd) in fs.digests.items():
-        if name.endswith(".distcp"):
-            files[name] = (size, hexd)
     for name, data in part.extra.items():
         fmt.write_bytes_atomic(os.path.join(part_dir, name), data)
         files[name] = (len(data), digest(data))
     items: list[fmt.Item] = []
-    opened: dict[str, Any] = {}
-    try:
-        for wr in results:
-            info = wr.storage_data
-            fqn = wr.index.fqn
-            if fqn in part.objects and wr.index.offset is None:
-                data = part.objects[fqn]
-                items.append(
-                    fmt.Item(fqn, None, info.relative_path, info.offset, info.length, digest(data))
-                )
-                continue
-            slot = part.slots[(fqn, tuple(wr.index.offset or ()))]
-            if slot.nbytes == 0:
-                where = 0
-            else:
-                f = opened.get(info.relative_path)
-                if f is None:
-                    f = opened[info.relative_path] = open(  # noqa: SIM115 - closed below
-                        os.path.join(part_dir, info.relative_path), "rb"
-                    )
-                where = info.offset + data_offset(f, info.offset, info.length, slot.nbytes)
-            staged = segment.bytes_at(slot.offset, slot.nbytes) if slot.nbytes else b""
-            t = time.perf_counter()
-            item_digest = digest(staged)
-            timing["digest_s"] += time.perf_counter() - t
+    for wr in results:
+        info = wr.storage_data
+        fqn = wr.index.fqn
+        if fqn in part.objects and wr.index.offset is None:
+            data = part.objects[fqn]
             items.append(
-                fmt.Item(
-                    fqn,
-                    slot.chunk_offsets,
-                    info.relative_path,
-                    where,
-                    slot.nbytes,
-                    item_digest,
-                    slot.offset if job.segment_path is not None else None,
-                )
+                fmt.Item(fqn, None, info.relative_path, info.offset, info.length, digest(data))
             )
-    finally:
-        for f in opened.values():
-            f.close()
+            continue
+        slot = part.slots[(fqn, tuple(wr.index.offset or ()))]
+        at = where.get(wr.index, 0)
+        staged = segment.bytes_at(slot.offset, slot.nbytes) if slot.nbytes else b""
+        t = time.perf_counter()
+        item_digest = digest(staged)
+        timing["digest_s"] += time.perf_counter() - t
+        items.append(
+            fmt.Item(
+                fqn,
+                slot.chunk_offsets,
+                info.relative_path,
+                at,
+                slot.nbytes,
+                item_digest,
+                slot.offset if job.segment_path is not None else None,
+            )
+        )
     manifest = fmt.Manifest(
         save_id=job.save_id,
         part=part.subdir,
@@ -280,7 +176,7 @@ def _write_part(
 
 def write_job(job: WriteJob, segment: Segment) -> Written:
     """Write this rank's parts of a save (and rank 0's index); never raises."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     out = Written(job.save_id, ok=False)
     timing = {"digest_s": 0.0}
     try:
@@ -306,6 +202,7 @@ def write_job(job: WriteJob, segment: Segment) -> Written:
         )
         commits.write_failure(part_dir, out.error)
     out.seconds = time.perf_counter() - t0
+    out.cpu_s = time.thread_time() - c0
     out.digest_s = timing["digest_s"]
     return out
 
@@ -367,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.serialization.set_crc32_options(False)  # the manifest's digests replace zip's CRC
+    # What every job needs, loaded now (the writer starts with the trainer's start-up) rather
+    # than at the first job: DCP's modules (0.6 s of CPU here) and torch.save's first use would
+    # otherwise take CPU from the trainers just after their first save.
+    import torch.distributed.checkpoint  # noqa: F401
+
+    direct.split_record(torch.zeros(direct.BLOCK))
     gone = False
 
     def send(msg: Any) -> None:

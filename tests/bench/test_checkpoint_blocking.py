@@ -170,3 +170,15 @@ def test_a_save_over_the_limit_fails_the_run(tmp_path: pathlib.Path) -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "warm copies (limit 0.001)" in done.stderr, done.stderr[-2000:]
+
+
+def test_neighbour_runs_each_way_and_reports(tmp_path: Any) -> None:
+    from benchmarks.checkpoint_blocking import neighbour
+
+    runs = [neighbour.one(way, 8 << 20, str(tmp_path)) for way in ("cached", "direct-1")]
+    for r in runs:
+        assert r["writers_wall_s"] > 0 and r["writers_cpu_s"] >= 0
+        assert 0 < r["file_work_ms"] <= r["file_work_p90_ms"] <= r["file_work_max_ms"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["losses.json", "steps.log"]
+    text = neighbour.report({"command": "c", "started": "s", "cpus": 2, "gb": 0.008, "runs": runs})
+    assert "| direct-1 |" in text and "| cached |" in text

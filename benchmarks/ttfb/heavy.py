@@ -183,6 +183,7 @@ def _per_save(
                 "commit_s": max(float(r.get("commit_s", _nan())) for r in recs),
                 "stage_s": max(float(r.get("stage_s", _nan())) for r in recs),
                 "writer_s": max(float(r.get("writer_s", _nan())) for r in recs),
+                "writer_cpu_s": max(float(r.get("writer_cpu_s", _nan())) for r in recs),
                 "digest_s": max(float(r.get("digest_s", _nan())) for r in recs),
                 "how": str(worst.get("how", "")),
             }
@@ -455,8 +456,9 @@ def section(summary: Mapping[str, Any]) -> str:
     )
     text.append(
         "| checkpointer | run | attempt | step | blocking s | s / GB | warm copy s | "
-        "blocking / warm copy | staging copy s | writer s | checksums s | commit s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "blocking / warm copy | staging copy s | writer s | writer CPU s | checksums s "
+        "| commit s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for lb in labels:
         for s in results[lb]["saves"]:
@@ -464,7 +466,8 @@ def section(summary: Mapping[str, Any]) -> str:
                 f"| {lb} | {s['repeat']} | {s['attempt']} | {s['step']} "
                 f"| {_f(s['blocking_s'], 3)} | {_f(s['blocking_s_per_gb'], 3)} "
                 f"| {_f(s['warm_copy_s'], 3)} | **{_f(s['vs_warm_copy'])}** "
-                f"| {_f(s['stage_s'], 3)} | {_f(s['writer_s'])} | {_f(s['digest_s'])} "
+                f"| {_f(s['stage_s'], 3)} | {_f(s['writer_s'])} "
+                f"| {_f(s.get('writer_cpu_s', _nan()))} | {_f(s['digest_s'])} "
                 f"| {_f(s['commit_s'])} |"
             )
     text.append("")

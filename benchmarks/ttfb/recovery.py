@@ -238,7 +238,10 @@ class Saver:
             written = pending.written
             if written is not None:
                 self._record.update(
-                    writer_s=written.seconds, digest_s=written.digest_s, written_bytes=written.bytes
+                    writer_s=written.seconds,
+                    writer_cpu_s=written.cpu_s,
+                    digest_s=written.digest_s,
+                    written_bytes=written.bytes,
                 )
         elif hasattr(pending, "wait"):
             pending.wait()

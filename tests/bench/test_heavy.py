@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -39,7 +40,7 @@ def _files(tmp_path: pathlib.Path) -> dict[str, Any]:
                 {"event": "saved", "step": 6, "blocking_s": 0.3 + slow, "how": "x"},
                 {"event": "committed", "step": 3, "blocking_s": 0.2 + slow, "commit_s": 2.0,
                  "wait_s": 0.01, "staged_bytes": gb, "stage_s": 0.19, "writer_s": 1.5,
-                 "digest_s": 0.1},
+                 "writer_cpu_s": 0.2 + slow, "digest_s": 0.1},
             ],
         )  # fmt: skip
         _write(
@@ -92,6 +93,7 @@ def test_read_and_analyse(tmp_path: pathlib.Path) -> None:
     assert first["blocking_s"] == pytest.approx(0.3)  # the slowest rank's
     assert first["blocking_s_per_gb"] == pytest.approx(0.3) and first["warm_copy_s"] == 0.2
     assert first["vs_warm_copy"] == pytest.approx(1.5) and first["writer_s"] == 1.5
+    assert first["writer_cpu_s"] == pytest.approx(0.3)  # the most any rank's writer took
     assert math.isnan(saves[1]["commit_s"])  # killed before its commit was seen
     # steps 3.. of attempt 0 (step 2 skipped), attempt 1's only step skipped
     assert out["writing_step_s"] == pytest.approx(0.1) and out["steady_step_s"] == 0.05
@@ -182,17 +184,33 @@ def test_every_checkpointer_end_to_end(tmp_path: pathlib.Path) -> None:
         models=(), out=str(tmp_path), launcher="torchrun", compile=False, heavy_repeats=1
     )
     out = heavy.run(
-        config, heavy.Heavy(every=4, saves=2, kill_before_next=1), labels=labels, model="tiny"
+        config,
+        heavy.Heavy(every=4, saves=2, kill_before_next=1, timeout_s=300),
+        labels=labels,
+        model="tiny",
     )
+    # A stock torchrun restart fails about half the time, with stock torch alone (docs/restarts.md:
+    # the restarted workers dial the dead attempt's gloo address, or hang). Only that failure is
+    # let pass, and only for the checkpointers with stock's start-up; fastinit must come back.
+    for label, fails in out["not_recovered"].items():
+        assert label != "fastinit", fails
+        for fail in fails:
+            log = re.search(r"log (\S+launch\.log)", fail["detail"])
+            assert fail["outcome"] == "hang" or (
+                log and "Gloo connectFullMesh failed" in pathlib.Path(log.group(1)).read_text()
+            ), (label, fail)
     for label in labels:
+        if label in out["not_recovered"]:
+            continue
         res = out["results"][label]
         assert res["losses_equal"] and res["losses_compared"] > 0, (label, res)
         assert res["resumed_from_step"] == 8, (label, res)
         assert [(s["attempt"], s["step"]) for s in res["saves"]] == [(0, 4), (0, 8), (1, 12)]
-        assert res["writing_steps"] + res["steady_steps"] > 0
+        assert res["steady_step_s"] > 0, (label, res)  # (the tiny saves finish within a step)
     fast = out["results"]["fastinit"]
     assert fast["storage_bytes"] == 0 and fast["memory_bytes"] > 0
-    assert out["results"]["stock-best"]["storage_bytes"] > 0
+    if "stock-best" in out["results"]:
+        assert out["results"]["stock-best"]["storage_bytes"] > 0
 
 
 def test_main_writes_the_report(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -400,8 +400,9 @@ def section(summary: Mapping[str, Any]) -> str:
         f"every worker, they resume from the latest checkpoint, train to step "
         f"{plan.get('steps')} and save it. Why {plan.get('every')} steps: a save's write (1 GB "
         "per rank, both ranks at once, fsync'd) must finish before the next is due "
-        "(`benchmarks/ttfb/heavy.py`). Medians of "
-        f"{results[labels[0]]['repeats']} run(s); every save of every run below.\n",
+        "(`benchmarks/ttfb/heavy.py`). Medians of the runs that came back ("
+        + ", ".join(f"{lb}: {results[lb]['repeats']}" for lb in labels)
+        + "); every save of every run below.\n",
         "| | " + " | ".join(labels) + " |",
         "|---|" + "---:|" * len(labels),
     ]

@@ -252,7 +252,6 @@ def write_items(
     resolve: Callable[[Any], tuple[Any, memoryview | None, int]],
     *,
     direct: bool = True,
-    sync: bool = True,
 ) -> tuple[list[Any], dict[str, tuple[int, str]], dict[Any, int]]:
     """Write a DCP save plan's items as one ``.distcp`` file, as DCP's ``FileSystemWriter``
     with one thread names and orders it (byte items first, then tensors in plan order).
@@ -276,9 +275,7 @@ def write_items(
         items += [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
         for item in items:
             value, view, address = resolve(item)
-            split = None
-            if view is not None and len(view) >= BLOCK:
-                split = split_record(value)
+            split = split_record(value) if view is not None and len(view) >= BLOCK else None
             if view is None:
                 offset = out.size
                 out.write(value)
@@ -300,7 +297,7 @@ def write_items(
                 out.write(tail)
             length = out.size - offset
             results.append(WriteResult(item.index, length, _dcp.storage_info(name, offset, length)))
-        out.close(sync=sync)
+        out.close()
     except BaseException:
         out.abort()
         raise

@@ -131,7 +131,8 @@ class _Saver:
                     self.mode = "thread"
             if self.writer is None:
                 self.writer = WriterThread()
-            else:
+            self.pool.owner = self.owner()
+            if isinstance(self.writer, WriterProcess):
                 self._take_over(rank)
             if not self._exit_hook:
                 atexit.register(_at_exit)
@@ -144,11 +145,16 @@ class _Saver:
             tier.reclaim()
         loaded = tier.last_loaded()
         found = sorted(tier.adoptable(rank, _job()), key=lambda x: x[1] != loaded)  # tier first
-        writer = self.writer.proc.pid if isinstance(self.writer, WriterProcess) else None
-        owner = {"pid": os.getpid(), "ppid": os.getppid(), "writer": writer}
+        owner = self.owner()
         for segment, save_id in found:
             tiered = save_id is not None and save_id == loaded
             self.pool.adopt(segment, save_id or "", tier=tiered, owner=owner)
+
+    def owner(self) -> dict[str, Any]:
+        """What a staging buffer's header says of who holds it: this job, process, launcher
+        and writer process."""
+        writer = self.writer.proc.pid if isinstance(self.writer, WriterProcess) else None
+        return {"job": _job(), "pid": os.getpid(), "ppid": os.getppid(), "writer": writer}
 
     def ensure_writer(self) -> WriterProcess | WriterThread:
         """The writer for the next job: a process while the buffers are shared, else (no
@@ -773,11 +779,10 @@ def _stage_and_submit(
     pool = _SAVER.pool
     assert pool is not None
     staged = _what(state, rank)
-    header: dict[str, Any] = {"job": _job(), "pid": os.getpid(), "ppid": os.getppid()}
-    writer = _SAVER.ensure_writer()
-    header["writer"] = writer.proc.pid if isinstance(writer, WriterProcess) else None
+    _SAVER.ensure_writer()
+    pool.owner = _SAVER.owner()  # its writer may have been started again since
     t = time.perf_counter()
-    segment = pool.acquire(staged.layout, handle.save_id, header)
+    segment = pool.acquire(staged.layout, handle.save_id, pool.owner)
     writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
     copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
     handle.stage_s = time.perf_counter() - t

@@ -102,6 +102,13 @@ class Layout:
         return sum(s.nbytes for s in self.slots)
 
 
+def _encode_header(header: dict[str, Any]) -> bytes:
+    data = json.dumps(header, sort_keys=True).encode()
+    if len(data) > HEADER_BYTES - 1:
+        raise ValueError("staging header too large")
+    return data.ljust(HEADER_BYTES, b" ")
+
+
 def _dtype(name: str) -> Any:
     import torch
 
@@ -125,8 +132,14 @@ class Segment:
     # -- making and opening -----------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: str, name: str, size: int) -> Segment:
+    def create(
+        cls, directory: str, name: str, size: int, header: dict[str, Any] | None = None
+    ) -> Segment:
         """A new owner-only buffer of ``size`` bytes, allocated and mapped (pages present).
+
+        ``header`` (who made it) is written before the allocation, so that a process killed
+        while allocating leaves a buffer that :func:`~fastinit.checkpoint.tier.reclaim` can
+        tell is dead.
 
         Raises:
             OSError: the file exists, or the memory is not there (``ENOSPC``: a full
@@ -136,6 +149,8 @@ class Segment:
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags, 0o600)
         try:
+            if header is not None:
+                os.pwrite(fd, _encode_header(header), 0)
             _faults.point("checkpoint.shm_alloc")
             os.posix_fallocate(fd, 0, size)
             populate = getattr(mmap, "MAP_POPULATE", 0)
@@ -215,10 +230,7 @@ class Segment:
     # -- the header ---------------------------------------------------------------------------
 
     def write_header(self, header: dict[str, Any]) -> None:
-        data = json.dumps(header, sort_keys=True).encode()
-        if len(data) > HEADER_BYTES - 1:
-            raise ValueError("staging header too large")
-        self.mm[:HEADER_BYTES] = data.ljust(HEADER_BYTES, b" ")
+        self.mm[:HEADER_BYTES] = _encode_header(header)
 
     def read_header(self) -> dict[str, Any]:
         raw = bytes(self.mm[:HEADER_BYTES]).strip()
@@ -354,6 +366,9 @@ class Pool:
         self.allocated_s = 0.0
         self.allocated_bytes = 0
         self.warning: str | None = None
+        self.owner: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid()}
+        """Who holds this pool's buffers (``job``, ``pid``, ``ppid``, ``writer``): the header of
+        a buffer from its creation until a save names it."""
 
     @property
     def max_buffers(self) -> int:
@@ -366,7 +381,7 @@ class Pool:
         if self.shared:
             assert self.directory is not None
             try:
-                seg = Segment.create(self.directory, name, size)
+                seg = Segment.create(self.directory, name, size, {**self.owner, "rank": self.rank})
             except OSError as e:
                 self.shared = False
                 self.warning = (

@@ -138,15 +138,24 @@ def _headers() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _creator(path: str) -> int | None:
+    """The pid a spare buffer's name holds (``...free-<pid>-<random>.r<rank>``), or None."""
+    _, _, rest = os.path.basename(path).partition(".free-")
+    pid = rest.split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
 def reclaim(*, launcher: int | None = None) -> list[str]:
     """Remove this user's buffers whose trainer, writer and launcher are all gone (and, with
     ``launcher``, those whose trainer and writer are gone and whose launcher is that process: a
     test session ending, other sessions' buffers untouched); their paths."""
     removed = []
     for path, header in _headers():
-        if not header:
-            continue  # being created right now (the header comes after the allocation)
-        if _alive(header.get("pid")) or _alive(header.get("writer")):
+        if not header:  # a spare buffer of an older fastinit (the header came with a save)
+            creator = _creator(path)
+            if creator is None or _alive(creator):
+                continue
+        elif _alive(header.get("pid")) or _alive(header.get("writer")):
             continue
         if header.get("ppid") != launcher and _alive(header.get("ppid")):
             continue

@@ -623,6 +623,64 @@ def test_an_adopted_buffer_names_its_new_owner() -> None:
             os.unlink(str(segment.path))
 
 
+def test_spare_buffers_of_a_dead_trainer_are_reclaimed_or_adopted() -> None:
+    """A buffer allocated ahead of the first save (no save has named it yet) says who holds it
+    from its creation: a trainer killed before its first save leaves one that a reclaim
+    removes once its trainer and launcher are gone, and that a restarted worker of the same
+    launcher adopts (it was never reclaimed: /dev/shm kept a dead job's spare buffers). A spare
+    buffer of an older fastinit (no header; its creator's pid in its name) is removed once that
+    process is gone, and left alone while it runs."""
+    import subprocess
+
+    from fastinit.checkpoint import saving, tier
+    from fastinit.checkpoint.staging import HEADER_BYTES, PREFIX, Pool, Segment, shm_dir
+
+    directory = shm_dir()
+    if directory is None:
+        pytest.skip("no /dev/shm")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    owner = {"job": saving._job(), "pid": dead.pid, "ppid": os.getppid(), "writer": None}
+    size = HEADER_BYTES + (1 << 20)
+    paths = []
+    try:
+        for _ in range(2):
+            spare = Pool(0, keep_tier=True, shared=True)
+            spare.owner = owner
+            spare.reserve(size, count=1)
+            paths += [b[3] for b in spare.buffers()]
+            for state, _, _, path in spare.buffers():
+                assert state == "free"
+                with open(str(path), "rb") as f:
+                    assert b'"pid": %d' % dead.pid in f.read(HEADER_BYTES)
+            spare._entries.clear()  # as a killed trainer leaves it: not released
+        # A restart of the same launcher adopts one (with the tier off it keeps one buffer).
+        saver = saving._Saver()
+        saver.pool = Pool(0, keep_tier=False, shared=True)
+        saver.writer = saving.WriterThread()
+        saver._take_over(0)
+        adopted = [b[3] for b in saver.pool.buffers()]
+        assert len(adopted) == 1 and adopted[0] in paths
+        saver.pool.release()
+        (other,) = set(paths) - set(adopted)
+        # The other: removed then (no room for it), or by a reclaim once its launcher is gone.
+        assert not os.path.exists(str(other)) or tier.reclaim(launcher=os.getppid()) == [other]
+        assert not os.path.exists(str(other))
+        # An older fastinit's spare buffers: no header, the creator's pid in the name.
+        old = {}
+        for pid in (dead.pid, os.getpid()):
+            name = f"{PREFIX}.{os.getuid()}.free-{pid}-{os.urandom(4).hex()}.r0"
+            Segment.create(directory, name, size).close()
+            old[pid] = os.path.join(directory, name)
+            paths.append(old[pid])
+        removed = tier.reclaim(launcher=os.getppid())
+        assert old[dead.pid] in removed and old[os.getpid()] not in removed
+    finally:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(str(path))
+
+
 def _newest_seen_rank(root: str) -> dict[str, Any]:
     """Steps 1 and 2 committed; rank 0 lists the directory before step 2's commit landed (as a
     restarted job sees its predecessor's writers finish the last save), rank 1 after it."""

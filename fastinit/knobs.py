@@ -24,6 +24,7 @@ __all__ = [
     "get_vec_isa_record",
     "get_checkpoint_staging",
     "get_checkpoint_tier",
+    "get_checkpoint_write_rate",
     "override",
     "markdown_table",
 ]
@@ -58,6 +59,9 @@ KNOBS: dict[str, str] = {
     "save's staging buffer stays in /dev/shm, and a worker restarted on the same host loads from "
     "it), `off` (one staging buffer per rank; loads read storage), or the largest buffer kept, "
     "in bytes (`8G`, `512M`).",
+    "FASTINIT_CHECKPOINT_WRITE_RATE": "The most bytes per second a rank's writer writes a save at "
+    "while its trainer trains on (default `256M`; `max`: as fast as the disk goes). Waiting for "
+    "the save, or a trainer gone, lifts it.",
 }
 
 
@@ -126,17 +130,35 @@ def get_checkpoint_tier() -> int | None:
         return None
     if value.lower() == "off":
         return 0
+    return int(_size("FASTINIT_CHECKPOINT_TIER", value, "on, off or a size such as 8G"))
+
+
+def get_checkpoint_write_rate() -> float | None:
+    """Bytes per second a writer writes a save at while its trainer trains on; None: no limit.
+
+    Raises:
+        ValueError: not ``max`` or a positive size such as ``256M``.
+    """
+    value = (_get("FASTINIT_CHECKPOINT_WRITE_RATE") or "256M").strip()
+    if value.lower() == "max":
+        return None
+    rate = _size("FASTINIT_CHECKPOINT_WRITE_RATE", value, "max or a rate such as 256M")
+    if rate <= 0:
+        raise ValueError(f"FASTINIT_CHECKPOINT_WRITE_RATE must be positive, got {value!r}")
+    return rate
+
+
+def _size(name: str, value: str, expected: str) -> float:
+    """``value`` (``8G``, ``512M``, ``4096``) in bytes, for knob ``name``."""
     number, unit = value.rstrip("KMGTkmgtBb"), value[len(value.rstrip("KMGTkmgtBb")) :]
     unit = unit.upper().removesuffix("B")
     try:
         size = float(number) * _UNITS[unit]
     except (ValueError, KeyError):
-        raise ValueError(
-            f"FASTINIT_CHECKPOINT_TIER must be on, off or a size such as 8G, got {value!r}"
-        ) from None
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
     if not math.isfinite(size) or size < 0:
-        raise ValueError(f"FASTINIT_CHECKPOINT_TIER must be a non-negative size, got {value!r}")
-    return int(size)
+        raise ValueError(f"{name} must be a non-negative size, got {value!r}")
+    return size
 
 
 #: The longest ``FASTINIT_COLLECTIVE_TIMEOUT`` accepted: one day. A start-up collective that may

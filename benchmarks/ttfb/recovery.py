@@ -240,6 +240,7 @@ class Saver:
                 self._record.update(
                     writer_s=written.seconds,
                     writer_cpu_s=written.cpu_s,
+                    writer_paced_s=written.paced_s,
                     digest_s=written.digest_s,
                     written_bytes=written.bytes,
                 )

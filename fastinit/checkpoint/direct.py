@@ -29,6 +29,7 @@ import io
 import mmap
 import os
 import struct
+import time
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = [
     "write_items",
     "BLOCK",
     "PIECE",
+    "Pace",
 ]
 
 #: The alignment of everything written directly: file offsets, lengths and memory addresses.
@@ -60,11 +62,44 @@ def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
+class Pace:
+    """Writes at most ``rate`` bytes per second while ``limited()`` holds (``rate`` None: no
+    limit): called with each write's size, it sleeps until the bytes written so far are due.
+
+    ``limited`` is asked at least every 50 ms of sleep, so that lifting the limit (the trainer
+    waits for the save, or is gone) takes effect at once; from then on this file is written at
+    full speed.
+    """
+
+    def __init__(self, rate: float | None, limited: Callable[[], bool] = lambda: True) -> None:
+        self.rate = rate
+        self.limited = limited
+        self._start = time.monotonic()
+        self._sent = 0
+        self.slept = 0.0
+
+    def __call__(self, nbytes: int) -> None:
+        if not self.rate:
+            return
+        self._sent += nbytes
+        due = self._start + self._sent / self.rate
+        while self.limited():
+            left = due - time.monotonic()
+            if left <= 0:
+                return
+            t = min(left, 0.05)
+            time.sleep(t)
+            self.slept += t
+        self.rate = None
+
+
 class AlignedFile:
     """A new file written in :data:`BLOCK`-aligned pieces, with ``O_DIRECT`` where the file
     system takes it; hashes every byte it is given, in order (``digest()``)."""
 
-    def __init__(self, path: str, *, direct: bool = True, piece: int = PIECE) -> None:
+    def __init__(
+        self, path: str, *, direct: bool = True, piece: int = PIECE, pace: Pace | None = None
+    ) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         self.direct = False
         fd = -1
@@ -79,6 +114,7 @@ class AlignedFile:
             fd = os.open(path, flags, 0o666)
         self.fd = fd
         self.piece = piece
+        self.pace = pace
         self.size = 0
         """Bytes given so far (the file's length once closed)."""
         self._bounce = mmap.mmap(-1, _BOUNCE)  # page-aligned, as O_DIRECT needs
@@ -101,6 +137,8 @@ class AlignedFile:
                 self.direct = False
                 continue
             view = view[n:]
+            if self.pace is not None:
+                self.pace(n)
 
     def _spill(self, *, final: bool = False) -> None:
         """Write the bounce buffer's whole blocks (all of it, zero-padded, when ``final``)."""
@@ -252,6 +290,7 @@ def write_items(
     resolve: Callable[[Any], tuple[Any, memoryview | None, int]],
     *,
     direct: bool = True,
+    pace: Pace | None = None,
 ) -> tuple[list[Any], dict[str, tuple[int, str]], dict[Any, int]]:
     """Write a DCP save plan's items as one ``.distcp`` file, as DCP's ``FileSystemWriter``
     with one thread names and orders it (byte items first, then tensors in plan order).
@@ -260,14 +299,14 @@ def write_items(
     tensor item's tensor, the bytes of its data and where they begin in their page-aligned
     mapping. Returns DCP's ``WriteResult`` per item, ``{file name: (size,
     digest)}``, and ``{item index: file offset of the tensor's data}`` (tensors of one byte or
-    more).
+    more). ``pace``: the rate the file is written at (:class:`Pace`).
     """
     import torch
     from torch.distributed.checkpoint.planner import WriteItemType
     from torch.distributed.checkpoint.storage import WriteResult
 
     name = f"{plan.storage_data.prefix}0{_dcp.DATA_SUFFIX}"
-    out = AlignedFile(os.path.join(part_dir, name), direct=direct)
+    out = AlignedFile(os.path.join(part_dir, name), direct=direct, pace=pace)
     results: list[Any] = []
     where: dict[Any, int] = {}
     try:

@@ -763,6 +763,7 @@ def _job_of(
         job=_job(),
         torch_version=str(torch.__version__),
         faults=_faults.installed(),
+        rate=knobs.get_checkpoint_write_rate(),
     )
 
 

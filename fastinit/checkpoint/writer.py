@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 from typing import Any
@@ -80,6 +83,9 @@ class WriteJob:
     torch_version: str = ""
     faults: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The fault actions a test installed in the trainer (the writer honours them too)."""
+    rate: float | None = None
+    """Bytes per second the data files are written at while the trainer runs and does not wait
+    for this save (``FASTINIT_CHECKPOINT_WRITE_RATE``); None: as fast as the disk goes."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -99,6 +105,8 @@ class Written:
     """Seconds spent computing digests of the staged items (the files hash as they stream)."""
     cpu_s: float = 0.0
     """CPU seconds (user and system) the write took: what it took from the host's trainers."""
+    paced_s: float = 0.0
+    """Seconds the write slept to keep to its rate (in ``seconds``)."""
 
 
 # -- writing one job -------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def _resolve(part: Part, segment: Segment) -> Any:
 
 
 def _write_part(
-    job: WriteJob, part: Part, segment: Segment, timing: dict[str, float]
+    job: WriteJob, part: Part, segment: Segment, timing: dict[str, float], pace: direct.Pace
 ) -> tuple[fmt.Manifest, bytes]:
     import torch.distributed.checkpoint as dcp
 
@@ -128,7 +136,7 @@ def _write_part(
     writer.set_up_storage_writer(True)
     plan = writer.prepare_local_plan(part.plan)
     _faults.point("checkpoint.write", rank=job.rank, part=part.subdir)
-    results, files, where = direct.write_items(part_dir, plan, _resolve(part, segment))
+    results, files, where = direct.write_items(part_dir, plan, _resolve(part, segment), pace=pace)
     writer.finish(dataclasses.replace(part.metadata), [results])
     files[fmt.DCP_METADATA] = file_digest(os.path.join(part_dir, fmt.DCP_METADATA))
     for name, data in part.extra.items():
@@ -174,14 +182,18 @@ def _write_part(
     return manifest, data
 
 
-def write_job(job: WriteJob, segment: Segment) -> Written:
-    """Write this rank's parts of a save (and rank 0's index); never raises."""
+def write_job(
+    job: WriteJob, segment: Segment, limited: Callable[[], bool] = lambda: True
+) -> Written:
+    """Write this rank's parts of a save (and rank 0's index); never raises. The data files are
+    written at ``job.rate`` while ``limited()`` holds (:class:`~fastinit.checkpoint.direct.Pace`)."""
     t0, c0 = time.perf_counter(), time.thread_time()
     out = Written(job.save_id, ok=False)
     timing = {"digest_s": 0.0}
+    pace = direct.Pace(job.rate, limited)
     try:
         for part in job.parts:
-            manifest, data = _write_part(job, part, segment, timing)
+            manifest, data = _write_part(job, part, segment, timing, pace)
             out.bytes += sum(size for size, _ in manifest.files.values())
             if part.subdir == fmt.REPLICATED_DIR:
                 out.replicated = digest(data)
@@ -204,6 +216,7 @@ def write_job(job: WriteJob, segment: Segment) -> Written:
     out.seconds = time.perf_counter() - t0
     out.cpu_s = time.thread_time() - c0
     out.digest_s = timing["digest_s"]
+    out.paced_s = pace.slept
     return out
 
 
@@ -270,39 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed.checkpoint  # noqa: F401
 
     direct.split_record(torch.zeros(direct.BLOCK))
-    gone = False
-
-    def send(msg: Any) -> None:
-        nonlocal gone
-        if gone:
-            return
-        try:
-            conn.send(msg)
-        except OSError:
-            gone = True  # the trainer is gone: go on with what it handed over
-
-    send(("ready", os.getpid()))
+    inbox = _Inbox(conn)
+    inbox.send(("ready", os.getpid()))
     segments: dict[int, Segment] = {}
     uncommitted: dict[str, tuple[WriteJob, Written]] = {}
-    while True:
-        try:
-            msg = conn.recv()  # messages the trainer sent before it went are still read
-        except (EOFError, OSError):
-            break
+    while (msg := inbox.next()) is not None:  # what the trainer sent before it went is still read
         kind = msg[0]
         if kind == "job":
             job: WriteJob = msg[1]
-            try:
-                segment = _segment(segments, recv_handle(conn))
-            except (EOFError, OSError):
-                break
+            segment = _segment(segments, msg[2])
             _faults.clear()
             for name, action in job.faults.items():
                 _faults.install(name, action)
-            result = write_job(job, segment)
+            result = write_job(job, segment, functools.partial(inbox.limited, job.save_id))
+            inbox.hurry.discard(job.save_id)
             if job.rank == 0:
                 uncommitted[job.save_id] = (job, result)
-            send(("written", result))
+            inbox.send(("written", result))
         elif kind == "verdict":
             uncommitted.pop(msg[1], None)
         elif kind == "close":
@@ -313,6 +310,56 @@ def main(argv: list[str] | None = None) -> int:
     for seg in segments.values():
         seg.close()
     return 0
+
+
+class _Inbox:
+    """The writer's end of the pipe: the trainer's messages in order, read between jobs and,
+    while a job is written, as they come (:meth:`limited`), so that the writer hears at once
+    that its trainer waits for the save (``hurry``) or is gone (the pipe closed)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.gone = False
+        """The pipe is closed at the trainer's end and every message in it read."""
+        self.unheard = False
+        """A message could not be sent: the trainer is gone (its messages may still be unread)."""
+        self.hurry: set[str] = set()
+
+    def _read(self) -> None:
+        try:
+            msg = self.conn.recv()
+            if msg[0] == "job":  # the staging buffer's file descriptor follows it
+                msg = (*msg, recv_handle(self.conn))
+        except (EOFError, OSError):
+            self.gone = True
+            return
+        if msg[0] == "hurry":
+            self.hurry.add(msg[1])
+        else:
+            self.queue.append(msg)
+
+    def next(self) -> tuple[Any, ...] | None:
+        """The next message, or None once the trainer is gone and every message is read."""
+        while not self.queue and not self.gone:
+            self._read()
+        return self.queue.popleft() if self.queue else None
+
+    def limited(self, save_id: str) -> bool:
+        """Whether save ``save_id`` may still be written at its rate: its trainer runs and does
+        not wait for it."""
+        with contextlib.suppress(OSError):
+            while not self.gone and save_id not in self.hurry and self.conn.poll(0):
+                self._read()
+        return not (self.gone or self.unheard) and save_id not in self.hurry
+
+    def send(self, msg: Any) -> None:
+        if self.gone or self.unheard:
+            return
+        try:
+            self.conn.send(msg)
+        except OSError:
+            self.unheard = True  # the trainer is gone: go on with what it handed over
 
 
 def _segment(cache: dict[int, Segment], fd: int) -> Segment:
@@ -384,6 +431,9 @@ class WriterProcess:
         """The writer's report of ``save_id`` (a failed one if it does not come in time)."""
         deadline = time.monotonic() + timeout
         with self._lock:
+            if save_id not in self._results:
+                with contextlib.suppress(OSError):  # written at full speed from now on
+                    self.conn.send(("hurry", save_id))
             while save_id not in self._results:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -431,10 +481,13 @@ class WriterThread:
     def __init__(self) -> None:
         self._results: dict[str, Written] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._hurry: dict[str, threading.Event] = {}
 
     def submit(self, job: WriteJob, segment: Segment) -> None:
+        hurry = self._hurry[job.save_id] = threading.Event()
+
         def run() -> None:
-            self._results[job.save_id] = write_job(job, segment)
+            self._results[job.save_id] = write_job(job, segment, lambda: not hurry.is_set())
 
         t = threading.Thread(target=run, name="fastinit-checkpoint-writer", daemon=True)
         self._threads[job.save_id] = t
@@ -442,6 +495,9 @@ class WriterThread:
 
     def result(self, save_id: str, timeout: float) -> Written:
         t = self._threads.pop(save_id, None)
+        hurry = self._hurry.pop(save_id, None)
+        if hurry is not None:
+            hurry.set()
         if t is not None:
             t.join(timeout)
             if t.is_alive():

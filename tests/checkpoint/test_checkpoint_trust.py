@@ -408,13 +408,18 @@ def _stalled_then_no_wait_rank(root: str) -> dict[str, Any]:
     from fastinit.testing.faults import inject
 
     model, opts = _build(PLAN_A, seed=1)
+    # A writer kept to a rate (1 byte/s) writes at full speed once its trainer waits.
+    with knobs.override(FASTINIT_CHECKPOINT_WRITE_RATE="1"):
+        t0 = time.perf_counter()
+        checkpoint.save(f"{root}/paced", model, opts).wait()
+        paced_s = time.perf_counter() - t0
     # A writer that stalls: wait() is bounded by the knob.
     with knobs.override(FASTINIT_COLLECTIVE_TIMEOUT="8"):
         with inject("checkpoint.write", "sleep", ranks=[1], seconds=60):
             handle = checkpoint.save(f"{root}/stalled", model, opts)
         t0 = time.perf_counter()
         err = _error_of(handle.wait)
-    out = {"error": err, "seconds": time.perf_counter() - t0}
+    out = {"error": err, "seconds": time.perf_counter() - t0, "paced_s": paced_s}
     # A save, and the process ends without wait(): what the interpreter runs at exit (the
     # harness leaves its ranks with os._exit, so it is called here).
     checkpoint.save(f"{root}/no-wait", model, opts)
@@ -427,12 +432,15 @@ def _killed_after_save_rank(root: str) -> None:
 
     import torch
 
-    from fastinit import checkpoint
+    from fastinit import checkpoint, knobs
 
     model, opts = _build(PLAN_A, seed=7)
     _train(model, opts, seed=70)
     torch.save(_local(model, opts), f"{root}/ref-7-rank{_rank()}.pt")
-    checkpoint.save(f"{root}/killed", model, opts)
+    # Kept to 1 byte/s while the trainer lives: the writers commit in time only if its death
+    # lifts the limit.
+    with knobs.override(FASTINIT_CHECKPOINT_WRITE_RATE="1"):
+        checkpoint.save(f"{root}/killed", model, opts)
     os.kill(os.getpid(), signal.SIGKILL)  # every trainer, right after save returned
 
 
@@ -545,6 +553,7 @@ def test_writer_process_outlives_trainers_and_waits_are_bounded(tmp_path: Any) -
         assert res.ok, res.error
         assert "CheckpointError" in res.value["error"], res.value["error"]
         assert res.value["seconds"] < 40, res.value["seconds"]
+        assert res.value["paced_s"] < 60, res.value["paced_s"]
         assert "still in flight at exit" in res.log, res.log
     assert _wait_for(f"{root}/no-wait/fastinit-commit.json", 120)
     # Every trainer SIGKILLed right after save returned: committed, and bit-equal.

@@ -163,3 +163,26 @@ def test_a_record_splits_around_its_data_without_copying_it() -> None:
     torch.save(t, whole)
     assert whole.getvalue() == head + t.numpy().tobytes() + tail
     assert direct.record_data_offset(whole.getvalue(), t.numel() * 4) == len(head)
+
+
+def test_a_paced_write_keeps_to_its_rate_until_the_limit_is_lifted(tmp_path: Any) -> None:
+    """At a rate, a file takes at least its size / the rate; once ``limited()`` says no (the
+    trainer waits for the save, or is gone), the rest goes at full speed; the bytes are the
+    same either way."""
+    import time
+
+    mm = mmap.mmap(-1, 4096 * 16)
+    state, at = _state(mm)
+    _, files, _ = _write(str(tmp_path / "full"), state, at)
+    ((size, want),) = files.values()
+    rate = size / 0.5  # half a second's worth
+    pace = direct.Pace(rate)
+    t0 = time.monotonic()
+    _, files, _ = _write(str(tmp_path / "paced"), state, at, pace=pace)
+    assert time.monotonic() - t0 >= 0.45 and pace.slept > 0
+    assert list(files.values()) == [(size, want)]
+    asked = []
+    lifted = direct.Pace(1.0, lambda: bool(asked.append(1)))  # 1 byte/s, lifted at once
+    _, files, _ = _write(str(tmp_path / "lifted"), state, at, pace=lifted)
+    assert (lifted.rate, lifted.slept, len(asked)) == (None, 0.0, 1)
+    assert list(files.values()) == [(size, want)]

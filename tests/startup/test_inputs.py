@@ -27,6 +27,29 @@ def test_collective_timeout_accepts_sane_values() -> None:
             assert knobs.get_collective_timeout() == seconds
 
 
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("FASTINIT_CHECKPOINT_WRITE_RATE", v) for v in ("0", "-1M", "fast", "nan", "inf", "1X")
+    ] + [("FASTINIT_CHECKPOINT_TIER", v) for v in ("-1", "big", "nanG")],
+)  # fmt: skip
+def test_checkpoint_sizes_must_be_sizes(knob: str, value: str) -> None:
+    get = {
+        "FASTINIT_CHECKPOINT_WRITE_RATE": knobs.get_checkpoint_write_rate,
+        "FASTINIT_CHECKPOINT_TIER": knobs.get_checkpoint_tier,
+    }[knob]
+    with knobs.override(**{knob: value}), pytest.raises(ValueError) as info:
+        get()
+    assert knob in str(info.value) and repr(value) in str(info.value)
+
+
+def test_checkpoint_write_rate_accepts_sizes_and_max() -> None:
+    cases = ((None, 256 << 20), ("max", None), ("MAX", None), ("1G", 1 << 30), ("100", 100))
+    for value, rate in cases:
+        with knobs.override(FASTINIT_CHECKPOINT_WRITE_RATE=value):
+            assert knobs.get_checkpoint_write_rate() == rate, value
+
+
 def _inputs(work: str) -> dict[str, Any]:
     import errno
     import os

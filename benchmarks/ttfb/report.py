@@ -552,8 +552,8 @@ def write_chrome_trace(raw: Mapping[str, Any], path: str) -> None:
         for scenario, modes in per.items():
             for mode, mode_runs in modes.items():
                 for r, run in enumerate(mode_runs):
-                    if id(run) in seen:  # stock's cold runs standing for new-hosts
-                        continue
+                    if id(run) in seen or "paths" not in run:  # stock's cold runs standing
+                        continue  # for new-hosts; a restart that did not come back: no traces
                     seen.add(id(run))
                     runs.append((f"{model} {scenario} {mode} r{r}", run["paths"]))
     write(runs, path)

@@ -232,3 +232,10 @@ def test_restarts_that_did_not_come_back_are_counted(tmp_path: pathlib.Path) -> 
     assert "stock-best 1/3 (1 hung), fastinit 1/2" in text
     (missed,) = [t for t in report.targets([], 2, rows) if "did not come back" in t.what]
     assert missed.measured == 1 and not missed.met
+    # The bench's Perfetto trace has every run that left traces (a failed one left none: the
+    # whole `make bench` used to end with a KeyError after writing its report).
+    raw = {"small": {"recover": {"stock-best": [failed, res, hung], "fastinit": [res]}}}
+    report.write_chrome_trace(raw, str(tmp_path / "trace.json"))
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert any("stock-best r1" in n for n in names) and not any("r0" in n for n in names), names

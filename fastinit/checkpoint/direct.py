@@ -45,6 +45,7 @@ __all__ = [
     "BLOCK",
     "PIECE",
     "Pace",
+    "round_up",
 ]
 
 #: The alignment of everything written directly: file offsets, lengths and memory addresses.
@@ -58,7 +59,8 @@ _BOUNCE = 4 << 20
 PIECE = 1 << 20
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
     return -(-n // to) * to
 
 
@@ -142,7 +144,7 @@ class AlignedFile:
 
     def _spill(self, *, final: bool = False) -> None:
         """Write the bounce buffer's whole blocks (all of it, zero-padded, when ``final``)."""
-        n = _round_up(self._fill, BLOCK) if final else self._fill - self._fill % BLOCK
+        n = round_up(self._fill, BLOCK) if final else self._fill - self._fill % BLOCK
         if n == 0:
             return
         if n > self._fill:
@@ -328,7 +330,7 @@ def write_items(
             else:
                 head, tail = split
                 # zeros before the record, so that its data begins on a block
-                offset = _round_up(out.size + len(head), BLOCK) - len(head)
+                offset = round_up(out.size + len(head), BLOCK) - len(head)
                 out.pad_to(offset)
                 out.write(head)
                 where[item.index] = out.size

@@ -660,7 +660,8 @@ def save(
     """
     t0 = time.perf_counter()
     group = Group()
-    knobs.get_checkpoint_staging(), knobs.get_checkpoint_tier()  # a bad knob raises here
+    # a bad knob raises here, before a byte is written
+    knobs.get_checkpoint_staging(), knobs.get_checkpoint_tier(), knobs.get_checkpoint_write_rate()
     rank = group.rank
     previous = _SAVER.pending
     if previous is not None and not previous._waited:

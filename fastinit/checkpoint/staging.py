@@ -31,13 +31,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fastinit import _faults
-from fastinit.checkpoint.direct import BLOCK
+from fastinit.checkpoint.direct import BLOCK, round_up
 
 __all__ = ["Segment", "Layout", "Slot", "Pool", "segment_name", "shm_dir", "HEADER_BYTES"]
 
 PREFIX = "fastinit-ckpt"
 HEADER_BYTES = 4096
-_ALIGN = BLOCK
 _ROUND = 1 << 20
 
 
@@ -50,10 +49,6 @@ def shm_dir() -> str | None:
 def segment_name(save_id: str, rank: int) -> str:
     """The file name of rank ``rank``'s staging buffer of save ``save_id``."""
     return f"{PREFIX}.{os.getuid()}.{save_id}.r{rank}"
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,7 +89,7 @@ class Layout:
                     offset,
                 )
             )
-            offset += _round_up(max(nbytes, 1), _ALIGN)
+            offset += round_up(max(nbytes, 1), BLOCK)
         return cls(tuple(slots), offset)
 
     @property
@@ -376,7 +371,7 @@ class Pool:
 
     def _new(self, size: int, name: str) -> Segment:
         t0 = time.perf_counter()
-        size = _round_up(size, _ROUND)
+        size = round_up(size, _ROUND)
         seg: Segment | None = None
         if self.shared:
             assert self.directory is not None

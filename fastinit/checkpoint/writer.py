@@ -14,7 +14,7 @@ own, so it neither competes with the training loop for the interpreter nor dies 
 kills the trainer's process group: once a job is handed over, it is finished. When its trainer is
 gone (its pipe closes), the writer finishes the jobs it has; rank 0's writer then commits them
 from the files (:func:`fastinit.checkpoint.commit.gather_manifests`), and every writer exits.
-It imports torch once, when it starts, and never touches CUDA.
+It imports torch at its first job (not while its trainer starts up) and never touches CUDA.
 
 Where no shared memory is available the same code runs on a thread of the trainer
 (:class:`WriterThread`): it then dies with the trainer.
@@ -274,23 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     hello = conn.recv()
     for name, action in hello.get("faults", {}).items():
         _faults.install(name, action)
-    import torch
-
-    torch.serialization.set_crc32_options(False)  # the manifest's digests replace zip's CRC
-    # What every job needs, loaded now (the writer starts with the trainer's start-up) rather
-    # than at the first job: DCP's modules (0.6 s of CPU here) and torch.save's first use would
-    # otherwise take CPU from the trainers just after their first save.
-    import torch.distributed.checkpoint  # noqa: F401
-
-    direct.split_record(torch.zeros(direct.BLOCK))
     inbox = _Inbox(conn)
-    inbox.send(("ready", os.getpid()))
     segments: dict[int, Segment] = {}
     uncommitted: dict[str, tuple[WriteJob, Written]] = {}
     while (msg := inbox.next()) is not None:  # what the trainer sent before it went is still read
         kind = msg[0]
         if kind == "job":
-            job: WriteJob = msg[1]
+            job: WriteJob = msg[1]  # unpickling it imported torch (DCP's plan and metadata)
+            _torch_once()
             segment = _segment(segments, msg[2])
             _faults.clear()
             for name, action in job.faults.items():
@@ -310,6 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     for seg in segments.values():
         seg.close()
     return 0
+
+
+@functools.cache
+def _torch_once() -> None:
+    """Set torch up for writing, at the first job rather than when the writer starts.
+
+    The writer starts during its trainer's start-up (``prepare``), and importing torch and
+    DCP costs some 2 s of CPU: on a host whose cores the trainers' own start-up fills (this
+    project's CI host: 2 cores, 2 ranks), a restart's time to first batch grew by 1-2 s when
+    every writer imported torch at once beside it. At the first job the trainers are past
+    their start-up and the import overlaps training (``docs/checkpoint.md``, "The writer
+    process").
+    """
+    import torch
+
+    torch.serialization.set_crc32_options(False)  # the manifest's digests replace zip's CRC
 
 
 class _Inbox:
@@ -403,7 +410,6 @@ class WriterProcess:
         self.conn = ours
         self._lock = threading.Lock()
         self._results: dict[str, Written] = {}
-        self._ready = False
         self.conn.send({"faults": _faults.installed()})
 
     def _pump(self, timeout: float) -> bool:
@@ -414,9 +420,7 @@ class WriterProcess:
             msg = self.conn.recv()
         except (EOFError, OSError):
             return False
-        if msg[0] == "ready":
-            self._ready = True
-        elif msg[0] == "written":
+        if msg[0] == "written":
             self._results[msg[1].save_id] = msg[1]
         return True
 

@@ -199,6 +199,8 @@ class Saver:
         else:
             self._pending = self._manager.save(step, model, {"optim": optimizer})
             how = "fastinit.checkpoint.CheckpointManager.save"
+            # known as save returns: a killed attempt's last save has them too
+            extra.update(agree_s=self._pending.agree_s, stage_s=self._pending.stage_s)
         blocking = time.perf_counter() - t0
         self._record = {
             "step": step,

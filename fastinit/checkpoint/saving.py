@@ -367,6 +367,9 @@ class SaveHandle:
         save_id: the save's identity (every rank's is rank 0's).
         blocking_s: seconds :func:`save` held the caller (the previous save's finish, the start
             message and the staging copy; the whole save with ``blocking=True``).
+        previous_s: seconds of those spent finishing the previous save (its verdict).
+        agree_s: seconds of those in the start message: the ranks agreeing on the save, which
+            includes waiting for the last rank to reach ``save``.
         stage_s: seconds of the staging copy alone.
         staged_bytes: bytes of this rank's tensors staged (its shards; rank 0 also the
             replicated values).
@@ -379,6 +382,8 @@ class SaveHandle:
         self.checkpoint_dir = checkpoint_dir
         self.save_id = save_id
         self.blocking_s = 0.0
+        self.previous_s = 0.0
+        self.agree_s = 0.0
         self.stage_s = 0.0
         self.staged_bytes = 0
         self.wait_s = 0.0
@@ -666,6 +671,7 @@ def save(
     previous = _SAVER.pending
     if previous is not None and not previous._waited:
         previous.wait()  # one save in flight per process (raises its failure on every rank)
+    previous_s = time.perf_counter() - t0
     own: _Refused | None = None
     path = os.fspath(checkpoint_dir) if isinstance(checkpoint_dir, (str, os.PathLike)) else ""
     state: dict[str, Any] | None = None
@@ -683,16 +689,19 @@ def save(
     record = (
         bytes([own.code if own is not None else 0]) + bytes.fromhex(digest(path.encode())) + nonce
     )
+    t_agree = time.perf_counter()
     try:
         records = group.all_gather_bytes(record, _RECORD, "save's start message")
     except CollectiveFailed as e:
         raise fmt.CheckpointError(f"saving {path}: {e}; nothing was written") from e
+    agree_s = time.perf_counter() - t_agree
     refusal = _refusal(records, rank, own, path)
     if refusal is not None:
         raise fmt.CheckpointError(refusal) from own
     assert state is not None
     save_id = records[0][1 + DIGEST_BYTES : 1 + 2 * DIGEST_BYTES].hex()
     handle = SaveHandle(path, save_id, group)
+    handle.previous_s, handle.agree_s = previous_s, agree_s
     try:
         _stage_and_submit(handle, model, state, list(optimizers or {}), meta, rank, group)
     except Exception as e:  # noqa: BLE001 - reported by wait(), which every rank takes part in

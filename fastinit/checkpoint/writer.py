@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             inbox.send(("written", result))
         elif kind == "verdict":
             uncommitted.pop(msg[1], None)
+            inbox.hurry.discard(msg[1])  # a hurry that came after its job was written
         elif kind == "close":
             break
     # The trainer left (or is gone) without deciding these saves: rank 0 decides from the files.

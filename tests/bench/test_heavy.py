@@ -36,9 +36,11 @@ def _files(tmp_path: pathlib.Path) -> dict[str, Any]:
         _write(
             tmp_path / f"saves-a0-rank{rank}.jsonl",
             [
-                {"event": "saved", "step": 3, "blocking_s": 0.2 + slow, "how": "x"},
+                {"event": "saved", "step": 3, "blocking_s": 0.2 + slow, "how": "x",
+                 "agree_s": 0.05 - slow / 2},
                 {"event": "saved", "step": 6, "blocking_s": 0.3 + slow, "how": "x"},
                 {"event": "committed", "step": 3, "blocking_s": 0.2 + slow, "commit_s": 2.0,
+                 "agree_s": 0.05 - slow / 2,
                  "wait_s": 0.01, "staged_bytes": gb, "stage_s": 0.19, "writer_s": 1.5,
                  "writer_cpu_s": 0.2 + slow, "digest_s": 0.1},
             ],
@@ -94,6 +96,8 @@ def test_read_and_analyse(tmp_path: pathlib.Path) -> None:
     assert first["blocking_s_per_gb"] == pytest.approx(0.3) and first["warm_copy_s"] == 0.2
     assert first["vs_warm_copy"] == pytest.approx(1.5) and first["writer_s"] == 1.5
     assert first["writer_cpu_s"] == pytest.approx(0.3)  # the most any rank's writer took
+    assert first["agree_s"] == pytest.approx(0.0)  # the slowest rank's own wait for its peers
+    assert math.isnan(saves[1]["agree_s"])  # not recorded
     assert math.isnan(saves[1]["commit_s"])  # killed before its commit was seen
     # steps 3.. of attempt 0 (step 2 skipped), attempt 1's only step skipped
     assert out["writing_step_s"] == pytest.approx(0.1) and out["steady_step_s"] == 0.05

@@ -367,7 +367,6 @@ class SaveHandle:
         save_id: the save's identity (every rank's is rank 0's).
         blocking_s: seconds :func:`save` held the caller (the previous save's finish, the start
             message and the staging copy; the whole save with ``blocking=True``).
-        previous_s: seconds of those spent finishing the previous save (its verdict).
         agree_s: seconds of those in the start message: the ranks agreeing on the save, which
             includes waiting for the last rank to reach ``save``.
         stage_s: seconds of the staging copy alone.
@@ -382,7 +381,6 @@ class SaveHandle:
         self.checkpoint_dir = checkpoint_dir
         self.save_id = save_id
         self.blocking_s = 0.0
-        self.previous_s = 0.0
         self.agree_s = 0.0
         self.stage_s = 0.0
         self.staged_bytes = 0
@@ -671,7 +669,6 @@ def save(
     previous = _SAVER.pending
     if previous is not None and not previous._waited:
         previous.wait()  # one save in flight per process (raises its failure on every rank)
-    previous_s = time.perf_counter() - t0
     own: _Refused | None = None
     path = os.fspath(checkpoint_dir) if isinstance(checkpoint_dir, (str, os.PathLike)) else ""
     state: dict[str, Any] | None = None
@@ -701,7 +698,7 @@ def save(
     assert state is not None
     save_id = records[0][1 + DIGEST_BYTES : 1 + 2 * DIGEST_BYTES].hex()
     handle = SaveHandle(path, save_id, group)
-    handle.previous_s, handle.agree_s = previous_s, agree_s
+    handle.agree_s = agree_s
     try:
         _stage_and_submit(handle, model, state, list(optimizers or {}), meta, rank, group)
     except Exception as e:  # noqa: BLE001 - reported by wait(), which every rank takes part in

@@ -136,6 +136,7 @@ def _trust_rank(root: str) -> dict[str, Any]:
     # first commits.
     twice = f"{root}/twice"
     first = checkpoint.save(twice, model, opts)
+    out["first_times"] = (first.blocking_s, first.agree_s, first.stage_s)
     out["second_save"] = _error_of(lambda: checkpoint.save(twice, model, opts))
     out["first_committed"] = first.committed
 
@@ -260,6 +261,8 @@ def test_one_job_refuses_proves_and_agrees(tmp_path: Any) -> None:
         assert out["stock_untouched"]
         assert "already holds a committed" in out["second_save"], out["second_save"]
         assert out["first_committed"]
+        blocking, agree, stage = out["first_times"]  # the start message and the copy, within it
+        assert 0 < agree < blocking and 0 < stage < blocking and agree + stage <= blocking
         assert (
             "CheckpointError" in out["mixed"]
             and "rank 1" in out["mixed"]
@@ -576,6 +579,30 @@ def test_writer_process_outlives_trainers_and_waits_are_bounded(tmp_path: Any) -
     while set(_writers_of(root)) - before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not set(_writers_of(root)) - before
+
+
+def test_the_writer_process_waits_for_its_first_job_to_import_torch() -> None:
+    """A writer starts beside its trainer's start-up; torch and DCP (2 s of CPU) load only with
+    its first job, so they do not slow a restart's start-up."""
+    from fastinit.checkpoint.writer import WriterProcess
+
+    writer = WriterProcess()
+    pid, fd = writer.proc.pid, int(writer.proc.args[-1])
+    try:
+        # Idle: blocked reading its pipe twice in a row (the hello is already read by then).
+        idle, deadline = 0, time.monotonic() + 120
+        while idle < 2 and time.monotonic() < deadline:
+            with open(f"/proc/{pid}/syscall") as f:
+                call = f.read().split()
+            idle = idle + 1 if call[1:2] == [hex(fd)] else 0  # read or poll of its pipe
+            time.sleep(0.2)
+        assert idle == 2, f"the writer never waited on its pipe ({call})"
+        with open(f"/proc/{pid}/maps") as f:
+            loaded = f.read()
+        assert "libtorch" not in loaded and writer.alive()
+    finally:
+        writer.close()
+        writer.proc.wait(60)
 
 
 # -- the host-memory tier --------------------------------------------------------------------------

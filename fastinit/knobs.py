@@ -25,6 +25,7 @@ __all__ = [
     "get_checkpoint_staging",
     "get_checkpoint_tier",
     "get_checkpoint_write_rate",
+    "get_checkpoint_delta",
     "override",
     "markdown_table",
 ]
@@ -62,6 +63,9 @@ KNOBS: dict[str, str] = {
     "FASTINIT_CHECKPOINT_WRITE_RATE": "The most bytes per second a rank's writer writes a save at "
     "while its trainer trains on (default `256M`; `max`: as fast as the disk goes). Waiting for "
     "the save, or a trainer gone, lifts it.",
+    "FASTINIT_CHECKPOINT_DELTA": "`on` (default): a save copies only the rows of fused CPU "
+    "tables that training touched since its buffer's last copy (fastinit/checkpoint/touched.py); "
+    "`off`: every save copies the whole state.",
 }
 
 
@@ -114,6 +118,14 @@ def get_checkpoint_staging() -> str:
             f"FASTINIT_CHECKPOINT_STAGING must be process, thread or off, got {value!r}"
         )
     return value
+
+
+def get_checkpoint_delta() -> bool:
+    """Whether saves copy only touched rows (``FASTINIT_CHECKPOINT_DELTA``: ``on``/``off``)."""
+    value = (_get("FASTINIT_CHECKPOINT_DELTA") or "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"FASTINIT_CHECKPOINT_DELTA must be on or off, got {value!r}")
+    return value == "on"
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -1,11 +1,16 @@
 """How long a checkpoint save holds the training loop, against the memory's limit and stock's best.
 
     python -m benchmarks.checkpoint_blocking [--device cpu|cuda] [--rows 200000] [--tables 8]
-        [--dim 64] [--saves 5] [--out SCRATCH] [--results DIR] [--check] [--no-stock] [--no-tc]
+        [--dim 64] [--saves 5] [--steps 4] [--out SCRATCH] [--results DIR] [--check]
+        [--no-stock] [--no-tc]
 
 One rank (a one-rank gloo group on CPU, NCCL on CUDA), the reference model with ``--tables``
 tables of ``--rows`` x ``--dim`` (fp32; 416 MB of shards with the fused row-wise Adagrad state at
-the defaults) sharded table-wise. In one process, on the same bytes:
+the defaults) sharded table-wise. Before every save of every saver the model trains ``--steps``
+steps (batches of 256, ids uniform over each table's rows): what fastinit copies depends on the
+rows those steps touched (``copied_bytes``: only the touched rows of a buffer that already holds
+the rest, :mod:`fastinit.checkpoint.touched`); the other savers copy everything whatever the
+steps. In one process, on the same bytes:
 
 1. **the limits** (:mod:`benchmarks.checkpoint_blocking.limits`): a copy into buffers already
    touched (the warm copy: the least a save can hold the loop; on CUDA a device-to-host copy into
@@ -161,14 +166,39 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+class _Trainer:
+    """Training steps between saves: forward and backward on fresh batches (the fused tables
+    update in the backward)."""
+
+    def __init__(
+        self, model: Any, rows: int, tables: int, dim: int, steps: int, device: Any
+    ) -> None:
+        from fastinit.testing.models import ModelSpec
+
+        self.model = model
+        self.device = device
+        self.spec = ModelSpec(num_tables=tables, rows=rows, dims=(dim,))
+        self.steps = steps
+        self.done = 0
+
+    def run(self) -> None:
+        from fastinit.testing.models import make_batch
+
+        for _ in range(self.steps):
+            loss, _ = self.model(make_batch(self.spec, 256, seed=self.done, device=self.device))
+            loss.backward()
+            self.done += 1
+
+
 def _fastinit_saves(
-    model: Any, scratch: str, n: int, warm: Any, nbytes: int
+    model: Any, scratch: str, n: int, warm: Any, nbytes: int, train: _Trainer
 ) -> tuple[list[dict[str, Any]], str]:
     from fastinit import checkpoint
 
     saves = []
     last = ""
     for i in range(n):
+        train.run()
         warm_s = warm.run()
         path = os.path.join(scratch, f"fastinit-{i}")
         handle = checkpoint.save(path, model, _optims(model), metadata={"step": i})
@@ -186,6 +216,7 @@ def _fastinit_saves(
                 {
                     "stage_s": handle.stage_s,
                     "staged_bytes": handle.staged_bytes,
+                    "copied_bytes": handle.copied_bytes,
                     "wait_s": wait_s,
                     "writer_s": written.seconds if written is not None else None,
                     "digest_s": written.digest_s if written is not None else None,
@@ -194,7 +225,8 @@ def _fastinit_saves(
             )
         )
         _say(
-            f"  fastinit save {i + 1}: blocking {handle.blocking_s:.3f} s (warm copy {warm_s:.3f})"
+            f"  fastinit save {i + 1}: blocking {handle.blocking_s:.3f} s (warm copy {warm_s:.3f}"
+            f"; copied {handle.copied_bytes / 1e6:.0f} of {handle.staged_bytes / 1e6:.0f} MB)"
         )
         if last:
             shutil.rmtree(last, ignore_errors=True)
@@ -203,7 +235,7 @@ def _fastinit_saves(
 
 
 def _dcp_saves(
-    model: Any, scratch: str, n: int, warm: Any, nbytes: int, device_type: str
+    model: Any, scratch: str, n: int, warm: Any, nbytes: int, device_type: str, train: _Trainer
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -220,6 +252,7 @@ def _dcp_saves(
     group = dist.new_group(backend="gloo")
     saves = []
     for i in range(n):
+        train.run()
         warm_s = warm.run()
         path = os.path.join(scratch, f"dcp-{i}")
         t0 = time.perf_counter()
@@ -239,7 +272,7 @@ def _dcp_saves(
 
 
 def _tc_saves(
-    model: Any, scratch: str, n: int, warm: Any, nbytes: int
+    model: Any, scratch: str, n: int, warm: Any, nbytes: int, train: _Trainer
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from benchmarks.checkpoint_blocking.anchors import (
         local_tensors,
@@ -285,6 +318,7 @@ def _tc_saves(
         info["prepare_s"] = time.perf_counter() - t0
         saves = []
         for i in range(n):
+            train.run()
             warm_s = warm.run()
             path = os.path.join(scratch, f"tc-{i}")
             t0 = time.perf_counter()
@@ -414,7 +448,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     limits["file"] = file_bandwidth(tensors, scratch)
     out["limits"] = limits
     _say(f"  limits: {json.dumps(limits)}")
-    out["fastinit"], last = _fastinit_saves(model, scratch, args.saves, warm, nbytes)
+    train = _Trainer(model, args.rows, args.tables, args.dim, args.steps, device)
+    out["config"]["steps"] = args.steps
+    out["fastinit"], last = _fastinit_saves(model, scratch, args.saves, warm, nbytes, train)
+    # the state the last fastinit checkpoint holds (the other savers train on after it)
+    want = _global(model) if args.check else None
+    weights = _global(model, weights_only=True) if args.check else None
     worst = max(s["vs_warm_copy"] for s in out["fastinit"])
     if args.max_vs_warm is not None and worst > args.max_vs_warm:
         raise SystemExit(
@@ -428,15 +467,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"checkpoint_blocking: {pinned} of {nbytes} staged bytes pinned")
     if not args.no_stock:
         out["stock_best"], out["stock_best_info"] = _dcp_saves(
-            model, scratch, args.saves, warm, nbytes, device.type
+            model, scratch, args.saves, warm, nbytes, device.type, train
         )
     if not args.no_tc:
         out["torch_checkpointing"], out["torch_checkpointing_info"] = _tc_saves(
-            model, scratch, args.saves, warm, nbytes
+            model, scratch, args.saves, warm, nbytes, train
         )
     warm.close()
-    want = _global(model) if args.check else None
-    weights = _global(model, weights_only=True) if args.check else None
     del model, tensors
     gc.collect()
 
@@ -461,6 +498,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tables", type=int, default=8)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--saves", type=int, default=5, help="saves of each saver")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="training steps before every save (default 4)"
+    )
     parser.add_argument("--out", default=None, help="scratch dir for checkpoints (default: tmp)")
     parser.add_argument("--results", default=None, help="write summary.json and report.md here")
     parser.add_argument("--check", action="store_true", help="every load bit-equal")

@@ -96,18 +96,19 @@ def format_saves(summary: Mapping[str, Any]) -> str:
     """Every save of every saver: blocking, per GB, against the warm copy timed before it."""
     head = (
         "| saver | save | blocking s | s / GB | warm copy s (just before) | blocking / warm copy "
-        "| staging copy s | writer s | checksums s | written (wait) s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| staging copy s | copied MB | writer s | checksums s | written (wait) s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for key, name in SAVERS:
         for s in summary.get(key) or []:
             done = s.get("wait_s", s.get("written_s"))
+            copied = s.get("copied_bytes")
             lines.append(
                 f"| {name} | {s['save']} | {_f(s['blocking_s'])} | {_f(s['blocking_s_per_gb'])} "
                 f"| {_f(s['warm_copy_s'])} | **{_f(s['vs_warm_copy'], 2)}** "
-                f"| {_f(s.get('stage_s'))} | {_f(s.get('writer_s'), 2)} "
-                f"| {_f(s.get('digest_s'), 2)} | {_f(done, 2)} |"
+                f"| {_f(s.get('stage_s'))} | {_f(None if copied is None else copied / 1e6, 0)} "
+                f"| {_f(s.get('writer_s'), 2)} | {_f(s.get('digest_s'), 2)} | {_f(done, 2)} |"
             )
     return head + "\n".join(lines) + "\n"
 
@@ -169,7 +170,8 @@ def markdown(summary: Mapping[str, Any], command: str = "") -> str:
         "# Checkpoint blocking: fastinit, stock-best and torch_checkpointing against the limits\n",
         f"{summary['date']}; one rank on {summary['device']}; {cfg['tables']} tables x "
         f"{cfg['rows']:,} rows x {cfg['dim']} (fp32) with their fused row-wise Adagrad state: "
-        f"**{summary['bytes'] / 1e6:.0f} MB** per save; {cfg['saves']} saves per saver; "
+        f"**{summary['bytes'] / 1e6:.0f} MB** per save; {cfg['saves']} saves per saver, "
+        f"{cfg.get('steps', 0)} training steps (256 samples) before each; "
         f"{m['cpus']} CPUs, load average {m['load_avg_at_start'][0]:.1f} at the start, "
         f"{m.get('load_avg_at_end', [math.nan])[0]:.1f} at the end; torch {v.get('torch')}, "
         f"torchrec {v.get('torchrec')}, torch_checkpointing {v.get('torch_checkpointing')}.\n",
@@ -184,7 +186,9 @@ def markdown(summary: Mapping[str, Any], command: str = "") -> str:
         "update). Each save is set against a warm copy of the same bytes timed just before it "
         "(the machine's load moves both). writer s and checksums s: fastinit's writer process "
         "(files written, fsync'd, hashed, manifest); written: until the save is durable "
-        "(fastinit: `wait`, the verdict).\n",
+        "(fastinit: `wait`, the verdict). copied MB: what fastinit's staging copy moved: only "
+        "the rows the steps since its buffer's last copy touched, where few enough were "
+        "(fastinit/checkpoint/touched.py); the other savers copy every byte.\n",
         format_saves(summary),
         f"\nfastinit's `prepare` (buffers allocated and the writer started, off the loop): "
         f"{summary['prepare_s']:.2f} s; staging writer: {summary['staging']['writer']}, "

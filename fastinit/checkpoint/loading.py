@@ -835,7 +835,10 @@ def load(
             missing with ``strict``, a peer that failed or did not take part (bounded by
             ``FASTINIT_COLLECTIVE_TIMEOUT``). A rank that raises may have overwritten some values.
     """
+    from fastinit.checkpoint.saving import state_written
+
     t0 = time.perf_counter()
+    state_written(model)  # the reads below write the tensors behind torch's version counters
     group = Group() if agree else None
     path = os.fspath(checkpoint_dir)
     report: LoadReport | None = None

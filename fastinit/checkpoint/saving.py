@@ -52,6 +52,7 @@ from fastinit.checkpoint.state import (
     is_sharded,
     shard0_rank,
 )
+from fastinit.checkpoint.touched import Touched
 from fastinit.checkpoint.writer import (
     Part,
     WriteJob,
@@ -101,6 +102,8 @@ class _Saver:
         self.mode = ""
         self.warned = False
         self._exit_hook = False
+        self.touched: Touched | None = None
+        """The rows training touched since each buffer's last copy (None: copy whole)."""
 
     def setup(self, rank: int) -> None:
         """Make the pool and start the writer (once)."""
@@ -119,6 +122,8 @@ class _Saver:
             if mode == "process" and not self.pool.shared:
                 mode = "thread"
             self.mode = mode
+            if mode != "off" and knobs.get_checkpoint_delta():
+                self.touched = Touched()
             if mode == "process":
                 try:
                     self.writer = WriterProcess()
@@ -200,6 +205,14 @@ def _at_exit() -> None:
         _SAVER.pool.release()
 
 
+def state_written(model: nn.Module | None = None) -> None:
+    """``model``'s state (None: any) was written where torch does not count it (a load): the
+    next save of every buffer copies it whole (:meth:`~fastinit.checkpoint.touched.Touched.
+    invalidate`)."""
+    if _SAVER.touched is not None:
+        _SAVER.touched.invalidate(model)
+
+
 def close() -> None:
     """Finish this process's save in flight (``wait``), stop the writer, release the staging
     buffers (the host-memory tier included). Call it when the job ends cleanly."""
@@ -213,6 +226,9 @@ def close() -> None:
         if _SAVER.pool is not None:
             _SAVER.pool.release()
             _SAVER.pool = None
+        if _SAVER.touched is not None:
+            _SAVER.touched.close()
+            _SAVER.touched = None
 
 
 # -- what a save writes ---------------------------------------------------------------------------
@@ -372,6 +388,8 @@ class SaveHandle:
         stage_s: seconds of the staging copy alone.
         staged_bytes: bytes of this rank's tensors staged (its shards; rank 0 also the
             replicated values).
+        copied_bytes: of those, the bytes the staging copy moved: less than ``staged_bytes``
+            where only the rows training touched were copied (``FASTINIT_CHECKPOINT_DELTA``).
         wait_s: seconds :meth:`wait` held the caller.
         committed: True once :meth:`wait` returned.
         written: the writer's report (bytes, seconds), once waited.
@@ -384,6 +402,7 @@ class SaveHandle:
         self.agree_s = 0.0
         self.stage_s = 0.0
         self.staged_bytes = 0
+        self.copied_bytes = 0
         self.wait_s = 0.0
         self.committed = False
         self.written: Written | None = None
@@ -792,9 +811,16 @@ def _stage_and_submit(
     t = time.perf_counter()
     segment = pool.acquire(staged.layout, handle.save_id, pool.owner)
     writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
-    copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+    touched = _SAVER.touched
+    if touched is not None:
+        touched.attach(model)
+        copied = touched.copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+    else:
+        copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+        copied = staged.layout.data_bytes
     handle.stage_s = time.perf_counter() - t
     handle.staged_bytes = staged.layout.data_bytes
+    handle.copied_bytes = copied
     job = _job_of(
         staged,
         model,
@@ -884,8 +910,11 @@ def prepare(
     size = Layout.of(tensors).size
     cuda = any(t.device.type == "cuda" for _, _, t in tensors)
 
+    _SAVER.setup(rank)
+    if _SAVER.touched is not None:
+        _SAVER.touched.attach(model)  # on this thread: hooks before the steps that follow
+
     def run() -> None:
-        _SAVER.setup(rank)
         assert _SAVER.pool is not None
         _SAVER.pool.reserve(size, pin=cuda)
 

@@ -123,6 +123,8 @@ class Segment:
         self._fd = fd
         self._pinned = False
         self._base: Any = None
+        self.touched: Any = None
+        """What :class:`fastinit.checkpoint.touched.Touched` last copied in whole (its fill)."""
 
     # -- making and opening -----------------------------------------------------------------
 

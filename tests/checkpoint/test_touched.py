@@ -1,0 +1,146 @@
+"""Saves that copy only the rows training touched (fastinit/checkpoint/touched.py): every
+checkpoint is still the whole state at its save, bit for bit, whatever wrote the tables between
+saves (the fused backward, torch in place, a load, a write behind torch's back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fastinit.testing.dist import run_ranks
+
+# Tables big enough that a save copies them by rows (a slot of at least 1 MiB, rows of 256 B).
+SPEC = {"num_tables": 4, "rows": 8192, "dims": (64,)}
+PLAN = {"t0": "table_wise", "t1": "row_wise", "t2": "column_wise", "t3": "table_row_wise"}
+
+
+def _save(path: str, model: Any, opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    from fastinit import checkpoint
+    from tests.checkpoint.test_checkpoint import _local
+
+    state = _local(model, opts)
+    handle = checkpoint.save(path, model, opts)
+    handle.wait()
+    return handle, state
+
+
+def _loads_as(path: str, want: dict[str, Any], seed: int) -> list[str]:
+    """What differs between ``want`` and the checkpoint at ``path`` loaded from storage into
+    a fresh model."""
+    from fastinit import checkpoint, knobs
+    from tests.checkpoint.test_checkpoint import _build, _diff, _local
+
+    fresh, fresh_opts = _build(PLAN, seed=seed, spec_kwargs=SPEC)
+    with knobs.override(FASTINIT_CHECKPOINT_TIER="off"):
+        checkpoint.load(path, fresh, fresh_opts)
+    return _diff(want, _local(fresh, fresh_opts))
+
+
+def _touched_rank(root: str) -> dict[str, Any]:
+    import warnings
+
+    import torch
+
+    from fastinit import checkpoint
+    from fastinit.checkpoint import saving
+    from tests.checkpoint.test_checkpoint import _build, _train
+
+    model, opts = _build(PLAN, seed=1, spec_kwargs=SPEC)
+    out: dict[str, Any] = {"saves": []}
+    states: dict[str, Any] = {}
+
+    def one(name: str, steps: int = 1) -> None:
+        for i in range(steps):
+            _train(model, opts, seed=100 * len(states) + i, spec=SPEC)
+        handle, states[name] = _save(f"{root}/{name}", model, opts)
+        out["saves"].append((name, handle.copied_bytes, handle.staged_bytes))
+
+    # Two saves fill both buffers whole; the next ones copy the touched rows.
+    for name in ("c0", "c1", "c2", "c3"):
+        one(name)
+    # torch writes a row no batch touched, in place: that table is copied whole.
+    table = model.state_dict()["sparse.ebc.embedding_bags.t0.weight"]
+    if table.local_shards():
+        with torch.no_grad():
+            table.local_shards()[0].tensor[-1].add_(1.0)
+    one("inplace")
+    # Roll back to c1 with a load (it writes through files, behind the version counters).
+    checkpoint.load(f"{root}/c1", model, opts)
+    out["cleared_by_load"] = not saving._SAVER.touched._acc
+    one("rollback")
+    one("after-rollback")  # the other buffer: whole too (the load reached both)
+    one("rows-again")
+    # A write no one counts (through numpy): the sampled check sees it and copies whole.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shard in model.state_dict()["sparse.ebc.embedding_bags.t2.weight"].local_shards():
+            shard.tensor.detach().numpy()[:] += 1.0
+        one("behind")
+        one("after-behind")
+    out["warned"] = [str(w.message) for w in caught if "writes the tables" in str(w.message)]
+    out["broken"] = saving._SAVER.touched.broken is not None
+    out["diffs"] = {name: _loads_as(f"{root}/{name}", want, 7) for name, want in states.items()}
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_saves_by_touched_rows_hold_the_whole_state(tmp_path: Any) -> None:
+    results = run_ranks(_touched_rank, 2, args=(str(tmp_path),), timeout=540)
+    for r in results:
+        out = r
+        assert all(not d for d in out["diffs"].values()), out["diffs"]
+        copied = {name: (c, s) for name, c, s in out["saves"]}
+        assert copied["c0"][0] == copied["c0"][1] and copied["c1"][0] == copied["c1"][1]
+        # by rows: a small part of the state (one step of 16 samples per save)
+        for name in ("c2", "c3", "rows-again"):
+            assert 0 < copied[name][0] < copied[name][1] / 4, (name, copied[name])
+        # the two saves after the rollback copy the state whole: the load reached both buffers
+        assert copied["rollback"][0] == copied["rollback"][1]
+        assert copied["after-rollback"][0] == copied["after-rollback"][1]
+        # after the write behind torch's back: whole, from then on, with one warning
+        assert copied["after-behind"][0] == copied["after-behind"][1]
+        assert out["broken"] and len(out["warned"]) >= 1
+        assert out["cleared_by_load"]
+
+
+def _off_rank(root: str) -> list[tuple[int, int]]:
+    from fastinit import knobs
+    from fastinit.checkpoint import saving
+    from tests.checkpoint.test_checkpoint import _build, _train
+
+    with knobs.override(FASTINIT_CHECKPOINT_DELTA="off"):
+        model, opts = _build(PLAN, seed=1, spec_kwargs=SPEC)
+        sizes = []
+        for i in range(3):
+            _train(model, opts, seed=i, spec=SPEC)
+            handle, _ = _save(f"{root}/c{i}", model, opts)
+            sizes.append((handle.copied_bytes, handle.staged_bytes))
+        assert saving._SAVER.touched is None
+    return sizes
+
+
+@pytest.mark.timeout(300)
+def test_delta_off_copies_every_byte(tmp_path: Any) -> None:
+    (r,) = run_ranks(_off_rank, 1, args=(str(tmp_path),), timeout=240)
+    assert all(c == s > 0 for c, s in r)
+
+
+def test_rows_of_a_batch_and_unknown_layouts() -> None:
+    import torch
+
+    from fastinit.checkpoint.touched import Touched, _Module
+
+    t = Touched()
+    # two tables of 10 and 5 rows; features 0 -> table 0, 1 and 2 -> table 1; batch of 2
+    mod = _Module(None, 15, torch.tensor([0, 10]), torch.tensor([0, 1, 1]), None)
+    indices = torch.tensor([1, 4, 2, 3, 3, 4, 0])
+    offsets = torch.tensor([0, 1, 3, 4, 5, 6, 7])
+    assert t._rows_of(mod, indices, offsets, None).tolist() == [1, 4, 2, 13, 13, 14, 10]
+    # variable batch sizes per feature (one rank each: 1, 2 and 3 samples)
+    vbe = t._rows_of(mod, indices, offsets, [[1], [2], [3]])
+    assert vbe.tolist() == [1, 14, 12, 13, 13, 14, 10]
+    # offsets that do not split into the features, or do not end at the indices: unknown
+    assert t._rows_of(mod, indices, torch.tensor([0, 1, 3, 5, 7]), None) is None
+    assert t._rows_of(mod, indices, torch.tensor([0, 1, 3, 4, 5, 6, 9]), None) is None
+    assert t._rows_of(mod, indices, offsets, [[1], [1]]) is None

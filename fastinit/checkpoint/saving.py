@@ -122,8 +122,6 @@ class _Saver:
             if mode == "process" and not self.pool.shared:
                 mode = "thread"
             self.mode = mode
-            if mode != "off" and knobs.get_checkpoint_delta():
-                self.touched = Touched()
             if mode == "process":
                 try:
                     self.writer = WriterProcess()
@@ -154,6 +152,18 @@ class _Saver:
         for segment, save_id in found:
             tiered = save_id is not None and save_id == loaded
             self.pool.adopt(segment, save_id or "", tier=tiered, owner=owner)
+
+    def tracker(self) -> Touched | None:
+        """The record of touched rows (made once; None with ``FASTINIT_CHECKPOINT_DELTA=off``
+        or ``FASTINIT_CHECKPOINT_STAGING=off``, whose buffers are never reused)."""
+        with self.lock:
+            if (
+                self.touched is None
+                and knobs.get_checkpoint_staging() != "off"
+                and knobs.get_checkpoint_delta()
+            ):
+                self.touched = Touched()
+            return self.touched
 
     def owner(self) -> dict[str, Any]:
         """What a staging buffer's header says of who holds it: this job, process, launcher
@@ -811,7 +821,7 @@ def _stage_and_submit(
     t = time.perf_counter()
     segment = pool.acquire(staged.layout, handle.save_id, pool.owner)
     writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
-    touched = _SAVER.touched
+    touched = _SAVER.tracker() if pool.reuse else None
     if touched is not None:
         touched.attach(model)
         copied = touched.copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
@@ -910,11 +920,12 @@ def prepare(
     size = Layout.of(tensors).size
     cuda = any(t.device.type == "cuda" for _, _, t in tensors)
 
-    _SAVER.setup(rank)
-    if _SAVER.touched is not None:
-        _SAVER.touched.attach(model)  # on this thread: hooks before the steps that follow
+    touched = _SAVER.tracker()
+    if touched is not None:
+        touched.attach(model)  # on the caller's thread: the hooks are on before its next step
 
     def run() -> None:
+        _SAVER.setup(rank)
         assert _SAVER.pool is not None
         _SAVER.pool.reserve(size, pin=cuda)
 

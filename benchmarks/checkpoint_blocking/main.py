@@ -188,6 +188,10 @@ class _Trainer:
             loss, _ = self.model(make_batch(self.spec, 256, seed=self.done, device=self.device))
             loss.backward()
             self.done += 1
+        if self.steps and self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()  # the steps' kernels are not the save's blocking
 
 
 def _fastinit_saves(

@@ -10,9 +10,26 @@ import pytest
 
 from fastinit.testing.dist import run_ranks
 
-# Tables big enough that a save copies them by rows (a slot of at least 1 MiB, rows of 256 B).
-SPEC = {"num_tables": 4, "rows": 8192, "dims": (64,)}
-PLAN = {"t0": "table_wise", "t1": "row_wise", "t2": "column_wise", "t3": "table_row_wise"}
+# Tables big enough that a save copies them by rows (a slot of at least 1 MiB, rows of 128 or
+# 256 B): bags (one of them fp16), weighted bags and sequence tables, every sharding type.
+SPEC = {
+    "num_tables": 4,
+    "num_weighted_tables": 1,
+    "num_ec_tables": 2,
+    "rows": 8192,
+    "dims": (64,),
+    "ec_dim": 64,
+    "fp16_every": 4,
+}
+PLAN = {
+    "t0": "table_wise",
+    "t1": "row_wise",
+    "t2": "column_wise",
+    "t3": "table_row_wise",
+    "w0": "table_wise",
+    "e0": "row_wise",
+    "e1": "table_wise",
+}
 
 
 def _save(path: str, model: Any, opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

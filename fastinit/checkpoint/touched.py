@@ -88,9 +88,9 @@ class _Module:
     ref: Any
     rows: int
     table_start: Any
-    """``[T]`` int64: each table's first row in the module's row space."""
+    """``[T]`` int64 (numpy): each table's first row in the module's row space."""
     feature_table: Any
-    """``[F]`` int64: each feature's table."""
+    """``[F]`` int64 (numpy): each feature's table."""
     handle: Any
 
 
@@ -162,14 +162,14 @@ class Touched:
 
     def attach(self, model: Any) -> int:
         """Track every fused table module of ``model`` not tracked yet; returns how many are."""
-        import torch
+        import numpy as np
 
         for m in _walk(model):
             if id(m) in self._modules or not _trackable(m):
                 continue
             rows = [int(s[0]) for s in m.embedding_specs]
-            start = torch.tensor([0, *itertools.accumulate(rows)][:-1], dtype=torch.int64)
-            ftm = torch.tensor(list(m.feature_table_map), dtype=torch.int64)
+            start = np.array([0, *itertools.accumulate(rows)][:-1], dtype=np.int64)
+            ftm = np.array(list(m.feature_table_map), dtype=np.int64)
             key = id(m)
             handle = m.register_forward_hook(self._forward_hook(key), with_kwargs=True)
             with self._lock:
@@ -198,28 +198,35 @@ class Touched:
         return hook
 
     def _rows_of(self, mod: _Module, indices: Any, offsets: Any, batches: Any) -> Any:
-        """The module-space rows a batch looks up, or None: all of them (unknown layout)."""
-        import torch
+        """The module-space rows a batch looks up (an int64 array), or None: every row (an
+        unknown layout). In numpy: a backward pays microseconds for it, not torch's per-op
+        dispatch."""
+        import numpy as np
 
-        if not isinstance(indices, torch.Tensor) or not isinstance(offsets, torch.Tensor):
-            return None
-        features = mod.feature_table.numel()
-        n = offsets.numel() - 1
+        idx = indices.detach().numpy()
+        offs = offsets.detach().numpy()
+        features = len(mod.feature_table)
+        n = len(offs) - 1
         if batches is not None:
             sizes = [sum(int(b) for b in per_rank) for per_rank in batches]
             if len(sizes) != features or sum(sizes) != n:
                 return None
-            bounds = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int64)
+            bounds = np.array([0, *itertools.accumulate(sizes)], dtype=np.int64)
         else:
             if features == 0 or n % features:
                 return None
-            bounds = torch.arange(0, n + 1, n // features, dtype=torch.int64)
-        ends = offsets.to(torch.int64, copy=False)[bounds]
-        counts = ends[1:] - ends[:-1]
-        if int(ends[-1]) != indices.numel() or bool((counts < 0).any()):
+            bounds = np.arange(0, n + 1, n // features, dtype=np.int64)
+        ends = offs[bounds].astype(np.int64, copy=False)
+        counts = np.diff(ends)
+        if int(ends[-1]) != len(idx) or (counts < 0).any():
             return None
-        table = torch.repeat_interleave(mod.feature_table, counts)
-        return mod.table_start[table] + indices.to(torch.int64, copy=False)
+        if not len(idx):
+            return idx.astype(np.int64)
+        tables = np.repeat(mod.feature_table, counts)
+        room = np.diff(np.append(mod.table_start, mod.rows))[tables]
+        if idx.min() < 0 or (idx >= room).any():  # a bad id: the kernel refuses it
+            return None
+        return mod.table_start[tables] + idx
 
     def _record(self, key: int, indices: Any, offsets: Any, batches: Any) -> None:
         with self._lock:
@@ -234,12 +241,10 @@ class Touched:
                 mask = acc.get(key)
                 if mask is None:
                     continue
-                try:
-                    if rows is None:
-                        raise ValueError
-                    mask[rows] = True
-                except Exception:  # noqa: BLE001 - never fail a backward: every row touched
+                if rows is None:
                     mask.fill_(True)
+                else:
+                    mask.numpy()[rows] = True
 
     def invalidate(self, model: Any = None) -> None:
         """Something wrote ``model``'s state (None: any state) behind torch's version counters

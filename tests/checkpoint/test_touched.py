@@ -144,13 +144,14 @@ def test_delta_off_copies_every_byte(tmp_path: Any) -> None:
 
 
 def test_rows_of_a_batch_and_unknown_layouts() -> None:
+    import numpy as np
     import torch
 
     from fastinit.checkpoint.touched import Touched, _Module
 
     t = Touched()
     # two tables of 10 and 5 rows; features 0 -> table 0, 1 and 2 -> table 1; batch of 2
-    mod = _Module(None, 15, torch.tensor([0, 10]), torch.tensor([0, 1, 1]), None)
+    mod = _Module(None, 15, np.array([0, 10]), np.array([0, 1, 1]), None)
     indices = torch.tensor([1, 4, 2, 3, 3, 4, 0])
     offsets = torch.tensor([0, 1, 3, 4, 5, 6, 7])
     assert t._rows_of(mod, indices, offsets, None).tolist() == [1, 4, 2, 13, 13, 14, 10]
@@ -161,3 +162,6 @@ def test_rows_of_a_batch_and_unknown_layouts() -> None:
     assert t._rows_of(mod, indices, torch.tensor([0, 1, 3, 5, 7]), None) is None
     assert t._rows_of(mod, indices, torch.tensor([0, 1, 3, 4, 5, 6, 9]), None) is None
     assert t._rows_of(mod, indices, offsets, [[1], [1]]) is None
+    # a row outside the module (a bad id; the kernel would refuse it): unknown, every row
+    assert t._rows_of(mod, torch.tensor([1, 4, 2, 3, 3, 4, 9]), offsets, None) is None
+    assert t._rows_of(mod, torch.tensor([1, 4, 2, 3, 3, 4, -1]), offsets, None) is None

@@ -182,6 +182,7 @@ def _per_save(
                 "wait_s": max(float(r.get("wait_s", _nan())) for r in recs),
                 "commit_s": max(float(r.get("commit_s", _nan())) for r in recs),
                 "stage_s": max(float(r.get("stage_s", _nan())) for r in recs),
+                "copied_bytes": float(worst.get("copied_bytes", _nan())),
                 "agree_s": float(worst.get("agree_s", _nan())),
                 "writer_s": max(float(r.get("writer_s", _nan())) for r in recs),
                 "writer_cpu_s": max(float(r.get("writer_cpu_s", _nan())) for r in recs),
@@ -457,14 +458,15 @@ def section(summary: Mapping[str, Any]) -> str:
         "bytes into a warm buffer, median of 3 at the end of its run; wait: the verdict or "
         "the future before the next save; peers s: of the blocking, the slowest rank's wait in "
         "the save's start message for the last rank to arrive; writer s: from the job to its "
-        "report, of which paced s asleep to keep to `FASTINIT_CHECKPOINT_WRITE_RATE`; commit: from the save to its "
-        "commit):\n"
+        "report, of which paced s asleep to keep to `FASTINIT_CHECKPOINT_WRITE_RATE`; copied MB: what "
+        "the staging copy moved (fastinit copies only the rows trained since its buffer's last "
+        "copy, where few enough were); commit: from the save to its commit):\n"
     )
     text.append(
         "| checkpointer | run | attempt | step | blocking s | s / GB | warm copy s | "
-        "blocking / warm copy | peers s | staging copy s | writer s | paced s | writer CPU s | "
-        "checksums s | commit s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "blocking / warm copy | peers s | staging copy s | copied MB | writer s | paced s | "
+        "writer CPU s | checksums s | commit s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for lb in labels:
         for s in results[lb]["saves"]:
@@ -473,7 +475,8 @@ def section(summary: Mapping[str, Any]) -> str:
                 f"| {_f(s['blocking_s'], 3)} | {_f(s['blocking_s_per_gb'], 3)} "
                 f"| {_f(s['warm_copy_s'], 3)} | **{_f(s['vs_warm_copy'])}** "
                 f"| {_f(s.get('agree_s', _nan()), 3)} "
-                f"| {_f(s['stage_s'], 3)} | {_f(s['writer_s'])} "
+                f"| {_f(s['stage_s'], 3)} | {_f(s.get('copied_bytes', _nan()) / 1e6, 0)} "
+                f"| {_f(s['writer_s'])} "
                 f"| {_f(s.get('writer_paced_s', _nan()))} "
                 f"| {_f(s.get('writer_cpu_s', _nan()))} | {_f(s['digest_s'])} "
                 f"| {_f(s['commit_s'])} |"

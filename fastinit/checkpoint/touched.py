@@ -39,6 +39,7 @@ import dataclasses
 import itertools
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,6 +87,7 @@ class _Rows:
 @dataclasses.dataclass(slots=True)
 class _Module:
     ref: Any
+    """A weak reference to the module: tracking it does not keep a dropped model alive."""
     rows: int
     table_start: Any
     """``[T]`` int64 (numpy): each table's first row in the module's row space."""
@@ -154,9 +156,9 @@ class Touched:
         self.delta_bytes = 0
         self.whole_bytes = 0
         self.broken: str | None = None
+        """Why rows are no longer tracked (a sampled untouched row had changed), or None."""
         self._lost: set[int] = set()
         """Modules whose forward ran under ``torch.compile``: their rows are not known."""
-        """Why rows are no longer tracked (a sampled untouched row had changed), or None."""
 
     # -- tracking -----------------------------------------------------------------------------
 
@@ -164,8 +166,10 @@ class Touched:
         """Track every fused table module of ``model`` not tracked yet; returns how many are."""
         import numpy as np
 
+        self._drop_dead()
         for m in _walk(model):
-            if id(m) in self._modules or not _trackable(m):
+            known = self._modules.get(id(m))
+            if (known is not None and known.ref() is m) or not _trackable(m):
                 continue
             rows = [int(s[0]) for s in m.embedding_specs]
             start = np.array([0, *itertools.accumulate(rows)][:-1], dtype=np.int64)
@@ -173,8 +177,17 @@ class Touched:
             key = id(m)
             handle = m.register_forward_hook(self._forward_hook(key), with_kwargs=True)
             with self._lock:
-                self._modules[key] = _Module(m, sum(rows), start, ftm, handle)
+                self._modules[key] = _Module(weakref.ref(m), sum(rows), start, ftm, handle)
         return len(self._modules)
+
+    def _drop_dead(self) -> None:
+        """Forget modules that are gone (their ids may be another module's next)."""
+        with self._lock:
+            for key in [k for k, mod in self._modules.items() if mod.ref() is None]:
+                del self._modules[key]
+                self._lost.discard(key)
+                for acc in self._acc.values():
+                    acc.pop(key, None)
 
     def _forward_hook(self, key: int) -> Any:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -268,9 +281,9 @@ class Touched:
         """(data_ptr, nbytes) of every table and row-wise state of a tracked module."""
         out: dict[tuple[int, int], _Rows] = {}
         for key, mod in self._modules.items():
-            if key in self._lost:
+            m = mod.ref()
+            if key in self._lost or m is None:
                 continue
-            m = mod.ref
             starts = mod.table_start.tolist()
             weights = m.split_embedding_weights()
             try:

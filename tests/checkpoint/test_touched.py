@@ -165,3 +165,54 @@ def test_rows_of_a_batch_and_unknown_layouts() -> None:
     # a row outside the module (a bad id; the kernel would refuse it): unknown, every row
     assert t._rows_of(mod, torch.tensor([1, 4, 2, 3, 3, 4, 9]), offsets, None) is None
     assert t._rows_of(mod, torch.tensor([1, 4, 2, 3, 3, 4, -1]), offsets, None) is None
+
+
+def _tbe(rows: tuple[int, ...] = (100, 50)) -> Any:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    specs = [(r, 8, EmbeddingLocation.HOST, ComputeDevice.CPU) for r in rows]
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        specs,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.1,
+        feature_table_map=[0, 1, 1],
+    )
+
+
+def test_the_rows_recorded_are_the_rows_the_kernel_writes() -> None:
+    import gc
+
+    import torch
+
+    from fastinit.checkpoint.touched import Touched
+
+    t = Touched()
+    tbe = _tbe()
+    assert t.attach(tbe) == 1
+    key = id(tbe)
+    t._acc = {1: {key: torch.zeros(150, dtype=torch.bool)}}
+    before = torch.cat([w.detach().clone() for w in tbe.split_embedding_weights()])
+    indices = torch.tensor([1, 5, 7, 3, 3, 9, 10, 0])
+    offsets = torch.tensor([0, 1, 3, 4, 6, 7, 8])  # 3 features x 2 samples
+    with torch.no_grad():
+        tbe(indices, offsets)  # no backward: nothing written, nothing recorded
+    assert not t._acc[1][key].any()
+    tbe(indices, offsets).sum().backward()
+    after = torch.cat([w.detach() for w in tbe.split_embedding_weights()])
+    written = (before != after).any(dim=1)
+    assert written.any()
+    assert torch.equal(t._acc[1][key], written)  # table 1's rows from 100 on
+    # the kernel's update leaves the version counter alone (the hooks are what see it)
+    assert tbe.weights_host._version == 0
+    # a dropped module is forgotten, and a new one (perhaps at the same id) is tracked
+    del tbe
+    gc.collect()
+    other = _tbe((20, 30))
+    assert t.attach(other) == 1
+    t.close()
+    assert not other._forward_hooks

@@ -67,9 +67,14 @@ def _touched_rank(root: str) -> dict[str, Any]:
     out: dict[str, Any] = {"saves": []}
     states: dict[str, Any] = {}
 
+    pipeline: list[Any] = []  # once there, the steps are its steps
+
     def one(name: str, steps: int = 1) -> None:
         for i in range(steps):
-            _train(model, opts, seed=100 * len(states) + i, spec=SPEC)
+            if pipeline:
+                pipeline[0].progress(data)
+            else:
+                _train(model, opts, seed=100 * len(states) + i, spec=SPEC)
         handle, states[name] = _save(f"{root}/{name}", model, opts)
         out["saves"].append((name, handle.copied_bytes, handle.staged_bytes))
 
@@ -88,6 +93,17 @@ def _touched_rank(root: str) -> dict[str, Any]:
     one("rollback")
     one("after-rollback")  # the other buffer: whole too (the load reached both)
     one("rows-again")
+    # Steps of TrainPipelineSparseDist (its rewrite of the model, the next batch's input
+    # distribution in flight at the save): still by rows, still the whole state.
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from fastinit.testing.models import ModelSpec, batches
+
+    pipeline.append(TrainPipelineSparseDist(model, opts["dense"], torch.device("cpu")))
+    it = batches(ModelSpec(**SPEC), 16, seed=500 + torch.distributed.get_rank())
+    data = iter([next(it) for _ in range(9)])
+    one("pipe-1", 2)
+    one("pipe-2", 2)
     # A write no one counts (through numpy): the sampled check sees it and copies whole.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -110,7 +126,7 @@ def test_saves_by_touched_rows_hold_the_whole_state(tmp_path: Any) -> None:
         copied = {name: (c, s) for name, c, s in out["saves"]}
         assert copied["c0"][0] == copied["c0"][1] and copied["c1"][0] == copied["c1"][1]
         # by rows: a small part of the state (one step of 16 samples per save)
-        for name in ("c2", "c3", "rows-again"):
+        for name in ("c2", "c3", "rows-again", "pipe-1", "pipe-2"):
             assert 0 < copied[name][0] < copied[name][1] / 4, (name, copied[name])
         # the two saves after the rollback copy the state whole: the load reached both buffers
         assert copied["rollback"][0] == copied["rollback"][1]

@@ -218,6 +218,10 @@ def _run(cmd: list[str], env: dict[str, str], spec: RunSpec) -> tuple[bool, str]
             kill_tree(proc.pid)
             proc.wait()
             return False, f"timed out after {spec.timeout_s:.0f}s; log {log}"
+        except BaseException:  # interrupted (Ctrl-C, a test's timeout): nothing left running
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
     return code == 0, f"exit code {code}; log {log}"
 
 

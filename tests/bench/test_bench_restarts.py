@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks.restarts import main as restarts
 
 
@@ -92,6 +94,61 @@ def test_a_timed_out_run_takes_its_workers_with_it(tmp_path) -> None:
         time.sleep(0.1)
     else:
         raise AssertionError(f"worker {worker} outlived its run")
+
+
+def test_an_interrupted_run_takes_its_workers_with_it(tmp_path) -> None:
+    """A run interrupted while it waits (Ctrl-C, a test's own timeout) kills what it started
+    before the interruption goes on: torchrun and its workers must not outlive the caller."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from benchmarks.ttfb.launch import RunSpec, _run
+
+    pidfile = tmp_path / "worker.pid"
+    launcher = (
+        "import subprocess, sys, time\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
+        " start_new_session=True)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+        "time.sleep(300)\n"
+    )
+    spec = RunSpec(
+        mode="fastinit",
+        model="tiny",
+        cache="cold",
+        out=str(tmp_path),
+        inductor_dir="",
+        timeout_s=60,
+    )
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(4)
+    try:
+        with pytest.raises(Interrupted):
+            _run([sys.executable, "-c", launcher], dict(os.environ), spec)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    worker = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker {worker} outlived its interrupted run")
 
 
 def _write(path, records) -> None:

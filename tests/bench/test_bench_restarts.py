@@ -60,40 +60,61 @@ def test_summarize_and_report() -> None:
     assert "stock-best, 2 ranks, cycle 2: hang (run fastinit/small/recover failed" in text
 
 
-def test_a_timed_out_run_takes_its_workers_with_it(tmp_path) -> None:
-    """torchrun starts workers in sessions of their own; a run killed on timeout must not leave
-    them behind (a hung restart's workers otherwise wait for hours)."""
-    import os
-    import sys
-    import time
-
-    from benchmarks.ttfb.launch import RunSpec, _run
-
-    pidfile = tmp_path / "worker.pid"
-    launcher = (
+def _launcher(pidfile) -> str:
+    """A stand-in for torchrun: it starts a worker in a session of its own (as torchrun does),
+    writes the worker's pid and waits."""
+    return (
         "import subprocess, sys, time\n"
         "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
         " start_new_session=True)\n"
         f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
         "time.sleep(300)\n"
     )
-    spec = RunSpec(
-        mode="fastinit", model="tiny", cache="cold", out=str(tmp_path), inductor_dir="", timeout_s=5
-    )
-    ok, detail = _run([sys.executable, "-c", launcher], dict(os.environ), spec)
-    assert not ok and "timed out" in detail
-    worker = int(pidfile.read_text())
+
+
+def _assert_gone(pid: int) -> None:
+    import os
+    import time
+
     for _ in range(50):
         try:
-            os.kill(worker, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            break
-        with open(f"/proc/{worker}/stat") as f:
+            return
+        with open(f"/proc/{pid}/stat") as f:
             if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # a zombie of init's: gone
-                break
+                return
         time.sleep(0.1)
-    else:
-        raise AssertionError(f"worker {worker} outlived its run")
+    raise AssertionError(f"worker {pid} outlived its run")
+
+
+def _spec(tmp_path, timeout_s: float):
+    from benchmarks.ttfb.launch import RunSpec
+
+    return RunSpec(
+        mode="fastinit",
+        model="tiny",
+        cache="cold",
+        out=str(tmp_path),
+        inductor_dir="",
+        timeout_s=timeout_s,
+    )
+
+
+def test_a_timed_out_run_takes_its_workers_with_it(tmp_path) -> None:
+    """torchrun starts workers in sessions of their own; a run killed on timeout must not leave
+    them behind (a hung restart's workers otherwise wait for hours)."""
+    import os
+    import sys
+
+    from benchmarks.ttfb.launch import _run
+
+    pidfile = tmp_path / "worker.pid"
+    ok, detail = _run(
+        [sys.executable, "-c", _launcher(pidfile)], dict(os.environ), _spec(tmp_path, 5)
+    )
+    assert not ok and "timed out" in detail
+    _assert_gone(int(pidfile.read_text()))
 
 
 def test_an_interrupted_run_takes_its_workers_with_it(tmp_path) -> None:
@@ -102,26 +123,8 @@ def test_an_interrupted_run_takes_its_workers_with_it(tmp_path) -> None:
     import os
     import signal
     import sys
-    import time
 
-    from benchmarks.ttfb.launch import RunSpec, _run
-
-    pidfile = tmp_path / "worker.pid"
-    launcher = (
-        "import subprocess, sys, time\n"
-        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'],"
-        " start_new_session=True)\n"
-        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
-        "time.sleep(300)\n"
-    )
-    spec = RunSpec(
-        mode="fastinit",
-        model="tiny",
-        cache="cold",
-        out=str(tmp_path),
-        inductor_dir="",
-        timeout_s=60,
-    )
+    from benchmarks.ttfb.launch import _run
 
     class Interrupted(Exception):
         pass
@@ -129,26 +132,16 @@ def test_an_interrupted_run_takes_its_workers_with_it(tmp_path) -> None:
     def interrupt(signum: int, frame: object) -> None:
         raise Interrupted
 
+    pidfile = tmp_path / "worker.pid"
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.alarm(4)
     try:
         with pytest.raises(Interrupted):
-            _run([sys.executable, "-c", launcher], dict(os.environ), spec)
+            _run([sys.executable, "-c", _launcher(pidfile)], dict(os.environ), _spec(tmp_path, 60))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    worker = int(pidfile.read_text())
-    for _ in range(50):
-        try:
-            os.kill(worker, 0)
-        except ProcessLookupError:
-            break
-        with open(f"/proc/{worker}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"worker {worker} outlived its interrupted run")
+    _assert_gone(int(pidfile.read_text()))
 
 
 def _write(path, records) -> None:

@@ -24,13 +24,17 @@ When a slot is copied whole instead (always safe):
   (``copy_``, ``load_state_dict``, an optimizer's ``add_``); the kernel's own update does not
   bump it, and that update is what the hooks record;
 - the module is not tracked: a table not in host memory on CPU, an optimizer outside
-  :data:`ROW_SPARSE`, a subclass of the kernel (SSD, dense tables);
+  :data:`ROW_SPARSE`, a subclass of the kernel (SSD, dense tables), a forward traced by
+  ``torch.compile``, a batch whose offsets or ids do not fit its tables;
 - more than :data:`MOST` of the slot's rows were touched (a whole copy is then cheaper).
 
 What it cannot see: a write to a table's memory that neither the kernel's backward nor torch
 makes (``tensor.numpy()[...] = ...``, a C extension writing through ``data_ptr``).
-:func:`fastinit.checkpoint.load` tells it (a load writes through files); anything else
-must turn it off (``FASTINIT_CHECKPOINT_DELTA=off``).
+:func:`fastinit.checkpoint.load` tells it (a load writes through files). Every copy by rows
+first compares a sample of the rows not touched with the buffer's copy of them: a write of
+that kind to many rows is caught (one warning, and every later save copies whole); one to a
+few rows can escape the sample, and code that makes such writes must turn this off
+(``FASTINIT_CHECKPOINT_DELTA=off``).
 """
 
 from __future__ import annotations

@@ -65,10 +65,11 @@ ROW_SPARSE = frozenset(
     }
 )
 
-#: Above this fraction of a slot's rows touched, the slot is copied whole: copying rows one by
-#: one costs about 4x their bytes in a whole copy (measured on this project's 2-core host, rows
-#: of 256 bytes out of 1.6 M: 4% in 0.007 s, 21% in 0.026 s, all of them in 0.030 s).
-MOST = 0.2
+#: Above this fraction of a slot's rows touched, the slot is copied whole. A row copied on its
+#: own costs the memory's latency (150-200 ns for 256 bytes on this project's 2-core host),
+#: a row of a whole copy under 20 ns: in ``python -m benchmarks.checkpoint_blocking``, 4% of
+#: the rows took 10-14 ms against 27-30 ms for the whole copy, and 15% about as long as it.
+MOST = 0.1
 
 #: Rows narrower than this (a row-wise optimizer state: 4 bytes) are copied whole.
 MIN_ROW_BYTES = 64

@@ -40,6 +40,7 @@ few rows can escape the sample, and code that makes such writes must turn this o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
 import warnings
@@ -99,6 +100,8 @@ class _Module:
     feature_table: Any
     """``[F]`` int64 (numpy): each feature's table."""
     handle: Any
+    hook_id: int = 0
+    """Its entry in :data:`_HOOKS`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +152,25 @@ def _walk(model: Any) -> Any:
                 stack.extend(x for x in lookups if hasattr(x, "modules"))
 
 
+_HOOK_IDS = itertools.count(1)
+_HOOKS: dict[int, tuple[Any, int]] = {}
+"""hook id -> (weak reference to its :class:`Touched`, module key). The hooks on modules are
+``functools.partial(_on_forward, hook id)``: a model that carries them still pickles (a hook
+whose id is not here, in another process or after :meth:`Touched.close`, does nothing), and a
+deep copy's forwards mark the original's rows (more rows copied, never fewer)."""
+
+
+def _on_forward(
+    hook_id: int, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+) -> None:
+    entry = _HOOKS.get(hook_id)
+    if entry is None:
+        return
+    tracker = entry[0]()
+    if tracker is not None:
+        tracker._forward(entry[1], args, kwargs, output)
+
+
 class Touched:
     """The rows of fused tables touched since each staging buffer's last complete copy."""
 
@@ -180,40 +202,44 @@ class Touched:
             start = np.array([0, *itertools.accumulate(rows)][:-1], dtype=np.int64)
             ftm = np.array(list(m.feature_table_map), dtype=np.int64)
             key = id(m)
-            handle = m.register_forward_hook(self._forward_hook(key), with_kwargs=True)
+            token = next(_HOOK_IDS)
+            _HOOKS[token] = (weakref.ref(self), key)
+            hook = functools.partial(_on_forward, token)
+            handle = m.register_forward_hook(hook, with_kwargs=True)
             with self._lock:
-                self._modules[key] = _Module(weakref.ref(m), sum(rows), start, ftm, handle)
+                self._modules[key] = _Module(weakref.ref(m), sum(rows), start, ftm, handle, token)
         return len(self._modules)
 
     def _drop_dead(self) -> None:
         """Forget modules that are gone (their ids may be another module's next)."""
         with self._lock:
             for key in [k for k, mod in self._modules.items() if mod.ref() is None]:
+                _HOOKS.pop(self._modules[key].hook_id, None)
                 del self._modules[key]
                 self._lost.discard(key)
                 for acc in self._acc.values():
                     acc.pop(key, None)
 
-    def _forward_hook(self, key: int) -> Any:
-        def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            import torch
+    def _forward(
+        self, key: int, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        """A forward of module ``key``: record its rows when its output's gradient arrives."""
+        import torch
 
-            if torch.compiler.is_compiling():  # a traced hook may never run: not tracked
-                with self._lock:
-                    self._lost.add(key)
-                return
-            if not (torch.is_grad_enabled() and getattr(output, "requires_grad", False)):
-                return
-            indices = kwargs.get("indices", args[0] if args else None)
-            offsets = kwargs.get("offsets", args[1] if len(args) > 1 else None)
-            batches = kwargs.get("batch_size_per_feature_per_rank")
+        if torch.compiler.is_compiling():  # a traced hook may never run: not tracked
+            with self._lock:
+                self._lost.add(key)
+            return
+        if not (torch.is_grad_enabled() and getattr(output, "requires_grad", False)):
+            return
+        indices = kwargs.get("indices", args[0] if args else None)
+        offsets = kwargs.get("offsets", args[1] if len(args) > 1 else None)
+        batches = kwargs.get("batch_size_per_feature_per_rank")
 
-            def record(grad: Any) -> None:
-                self._record(key, indices, offsets, batches)
+        def record(grad: Any) -> None:
+            self._record(key, indices, offsets, batches)
 
-            output.register_hook(record)
-
-        return hook
+        output.register_hook(record)
 
     def _rows_of(self, mod: _Module, indices: Any, offsets: Any, batches: Any) -> Any:
         """The module-space rows a batch looks up (an int64 array), or None: every row (an
@@ -277,6 +303,7 @@ class Touched:
         with self._lock:
             for mod in self._modules.values():
                 mod.handle.remove()
+                _HOOKS.pop(mod.hook_id, None)
             self._modules.clear()
             self._acc.clear()
 

@@ -202,6 +202,7 @@ def _tbe(rows: tuple[int, ...] = (100, 50)) -> Any:
 
 def test_the_rows_recorded_are_the_rows_the_kernel_writes() -> None:
     import gc
+    import pickle
 
     import torch
 
@@ -225,6 +226,9 @@ def test_the_rows_recorded_are_the_rows_the_kernel_writes() -> None:
     assert torch.equal(t._acc[1][key], written)  # table 1's rows from 100 on
     # the kernel's update leaves the version counter alone (the hooks are what see it)
     assert tbe.weights_host._version == 0
+    # a model that carries the hooks still pickles (the hook is a partial of a module function)
+    hooks = pickle.loads(pickle.dumps(list(tbe._forward_hooks.values())))
+    assert len(hooks) == 1
     # a dropped module is forgotten, and a new one (perhaps at the same id) is tracked
     del tbe
     gc.collect()
@@ -232,3 +236,6 @@ def test_the_rows_recorded_are_the_rows_the_kernel_writes() -> None:
     assert t.attach(other) == 1
     t.close()
     assert not other._forward_hooks
+    from fastinit.checkpoint.touched import _HOOKS
+
+    assert not any(ref() is t for ref, _ in _HOOKS.values())  # nothing of the closed one left

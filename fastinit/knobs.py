@@ -102,12 +102,17 @@ def get_port_check() -> str:
     return value
 
 
+def _on(name: str) -> bool:
+    """An ``on``/``off`` knob, ``on`` by default."""
+    value = (_get(name) or "on").strip().lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"{name} must be on or off, got {value!r}")
+    return value == "on"
+
+
 def get_vec_isa_record() -> bool:
     """Whether the CPU vector-ISA record is used (``FASTINIT_VEC_ISA_RECORD``: ``on``/``off``)."""
-    value = (_get("FASTINIT_VEC_ISA_RECORD") or "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"FASTINIT_VEC_ISA_RECORD must be on or off, got {value!r}")
-    return value == "on"
+    return _on("FASTINIT_VEC_ISA_RECORD")
 
 
 def get_checkpoint_staging() -> str:
@@ -122,10 +127,7 @@ def get_checkpoint_staging() -> str:
 
 def get_checkpoint_delta() -> bool:
     """Whether saves copy only touched rows (``FASTINIT_CHECKPOINT_DELTA``: ``on``/``off``)."""
-    value = (_get("FASTINIT_CHECKPOINT_DELTA") or "on").strip().lower()
-    if value not in ("on", "off"):
-        raise ValueError(f"FASTINIT_CHECKPOINT_DELTA must be on or off, got {value!r}")
-    return value == "on"
+    return _on("FASTINIT_CHECKPOINT_DELTA")
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -180,8 +180,6 @@ class Touched:
         self._acc: dict[int, dict[int, Any]] = {}
         """token -> module id -> ``[rows]`` bool: touched since the fill of that token."""
         self._tokens = itertools.count(1)
-        self.delta_bytes = 0
-        self.whole_bytes = 0
         self.broken: str | None = None
         """Why rows are no longer tracked (a sampled untouched row had changed), or None."""
         self._lost: set[int] = set()
@@ -383,8 +381,6 @@ class Touched:
         with self._lock:
             if token in self._acc and self.broken is None:
                 segment.touched = _Fill(token, tuple(sig))
-            self.delta_bytes += delta
-            self.whole_bytes += whole_bytes
         return delta + whole_bytes
 
     def _untouched_agree(self, src: Any, dst: Any, touched: Any, gen: Any) -> bool:
@@ -428,7 +424,7 @@ class Touched:
         touched = mask[where.start : where.start + where.rows]
         if _count(touched) > MOST * where.rows:
             return None
-        return touched.contiguous()
+        return touched
 
 
 def _count(mask: Any) -> int:

@@ -43,6 +43,15 @@ def test_checkpoint_sizes_must_be_sizes(knob: str, value: str) -> None:
     assert knob in str(info.value) and repr(value) in str(info.value)
 
 
+def test_checkpoint_delta_is_on_or_off() -> None:
+    for value, on in ((None, True), ("on", True), (" OFF ", False), ("off", False)):
+        with knobs.override(FASTINIT_CHECKPOINT_DELTA=value):
+            assert knobs.get_checkpoint_delta() is on, value
+    with knobs.override(FASTINIT_CHECKPOINT_DELTA="no"), pytest.raises(ValueError) as info:
+        knobs.get_checkpoint_delta()
+    assert "FASTINIT_CHECKPOINT_DELTA" in str(info.value) and "'no'" in str(info.value)
+
+
 def test_checkpoint_write_rate_accepts_sizes_and_max() -> None:
     cases = ((None, 256 << 20), ("max", None), ("MAX", None), ("1G", 1 << 30), ("100", 100))
     for value, rate in cases:

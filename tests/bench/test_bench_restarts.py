@@ -283,3 +283,51 @@ def test_resume_refuses_other_settings_before_running_anything(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="compile=False, not True"):
         restarts.main(["--resume", "--cycles", "1", "--nproc", "2", "--work", str(work)])
     assert len((work / "cycles.jsonl").read_text().splitlines()) == 1
+
+
+def test_an_interrupted_torchx_run_takes_torchrun_and_its_workers_with_it(tmp_path) -> None:
+    """The same through torchx's local scheduler (``--launcher torchx``, the default): leaving
+    the runner's context on an interruption terminates the app's process group, real torchrun
+    included, and torchrun its workers."""
+    import os
+    import signal
+    import socket
+    import sys
+
+    from torchx import specs
+
+    from benchmarks.ttfb.launch import _run_torchx
+
+    pidfile = tmp_path / "worker.pid"
+    script = tmp_path / "worker.py"
+    script.write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [
+        "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
+        "--master_addr", "127.0.0.1", "--master_port", str(port), str(script),
+    ]  # fmt: skip
+    role = specs.Role(name="sleeper", image=str(tmp_path), entrypoint=sys.executable, args=torchrun)
+    app = specs.AppDef(name="sleeper", roles=[role])
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        if not pidfile.exists():
+            signal.alarm(1)  # the worker is not up yet
+            return
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(3)
+    try:
+        with pytest.raises(Interrupted):
+            _run_torchx(app, _spec(tmp_path, 120), dict(os.environ))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    _assert_gone(int(pidfile.read_text()))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import os
@@ -825,6 +826,13 @@ def _stage_and_submit(
     if touched is not None:
         touched.attach(model)
         copied = touched.copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
+        # The buffer the next save takes, if it holds nothing yet (a job's first save), gets
+        # this copy on a thread: the next save copies only the rows touched from here on.
+        fill = touched.fork_fill(segment)
+        if fill is not None:
+            done = functools.partial(touched.adopt_fill, fill)
+            if not pool.mirror(segment, staged.layout.size, done):
+                touched.forget(fill)
     else:
         copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
         copied = staged.layout.data_bytes

@@ -360,6 +360,7 @@ class Pool:
         self.shared = self.directory is not None
         self._entries: list[_Entry] = []
         self._lock = threading.Lock()
+        self._mirror: threading.Thread | None = None
         self.allocated_s = 0.0
         self.allocated_bytes = 0
         self.warning: str | None = None
@@ -419,6 +420,7 @@ class Pool:
             RuntimeError: every buffer is in use (a save in flight and the tier): wait for the
                 save in flight first.
         """
+        self._join_mirror()
         with self._lock:
             free = [e for e in self._entries if e.state == "free"]
             fitting = [e for e in free if e.segment.size >= layout.size]
@@ -446,6 +448,7 @@ class Pool:
 
     def settle(self, save_id: str, committed: bool) -> None:
         """The verdict of save ``save_id``: its buffer becomes the tier or free again."""
+        self._join_mirror()
         with self._lock:
             mine = [e for e in self._entries if e.save_id == save_id]
             if not mine:
@@ -479,6 +482,7 @@ class Pool:
         still named the dead predecessor would be removed by any :func:`~fastinit.checkpoint.
         tier.reclaim` (another job's, a test session's) while this process holds it."""
         tier = tier and self.keep_tier  # with no tier kept, nothing would ever free it
+        self._join_mirror()
         with self._lock:
             if len(self._entries) >= self.max_buffers:
                 segment.close()
@@ -491,6 +495,66 @@ class Pool:
                     if e.state == "tier":
                         e.state = "free"
             self._entries.append(_Entry(segment, "tier" if tier else "free", save_id))
+
+    def mirror(self, source: Segment, end: int, done: Any) -> bool:
+        """Copy ``source``'s tensors (its bytes from the header to ``end``) on a thread, off the
+        training loop, into the buffer the next save will take: a free one that holds nothing
+        this process copied in (a new or an adopted one), allocated here if the pool has room
+        for one more. ``done(buffer)`` once the copy is complete; returns whether one started.
+        Every method that hands out, frees or unmaps a buffer waits for it first."""
+        import torch
+
+        self._join_mirror()
+        with self._lock:
+            free = [
+                e.segment
+                for e in self._entries
+                if e.state == "free" and e.segment is not source and e.segment.size >= end
+            ]
+            target = free[0] if free else None
+            if target is not None and target.touched is not None:
+                return False
+            if target is None and (len(self._entries) >= self.max_buffers or not self.reuse):
+                return False
+
+        def run() -> None:
+            seg = target
+            n = end - HEADER_BYTES
+            try:
+                if seg is None:  # a job's first save, with no buffer made ahead of it
+                    seg = self._new(
+                        end, f"{PREFIX}.{os.getuid()}.free-{os.getpid()}-{os.urandom(4).hex()}"
+                        f".r{self.rank}",
+                    )  # fmt: skip
+                    with self._lock:
+                        room = len(self._entries) < self.max_buffers
+                        if room:
+                            self._entries.append(_Entry(seg, "free"))
+                    if not room:  # another thread made one meanwhile
+                        seg.close()
+                        seg.unlink()
+                        return
+                with torch.no_grad():
+                    dst = torch.frombuffer(seg.mm, dtype=torch.uint8, count=n, offset=HEADER_BYTES)
+                    src = torch.frombuffer(
+                        source.mm, dtype=torch.uint8, count=n, offset=HEADER_BYTES
+                    )
+                    dst.copy_(src)
+                    del dst, src
+            except Exception:  # noqa: BLE001 - no fill: the next copy into it is whole
+                return
+            done(seg)
+
+        t = threading.Thread(target=run, name="fastinit-checkpoint-mirror", daemon=True)
+        self._mirror = t
+        t.start()
+        return True
+
+    def _join_mirror(self) -> None:
+        t = self._mirror
+        if t is not None:
+            t.join()
+            self._mirror = None
 
     def busy(self) -> bool:
         with self._lock:
@@ -508,6 +572,7 @@ class Pool:
 
     def release(self) -> None:
         """Unmap and remove every buffer (the job ended cleanly)."""
+        self._join_mirror()
         with self._lock:
             entries, self._entries = self._entries, []
         for e in entries:

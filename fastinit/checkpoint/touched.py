@@ -383,6 +383,34 @@ class Touched:
                 segment.touched = _Fill(token, tuple(sig))
         return delta + whole_bytes
 
+    def fork_fill(self, segment: Any) -> _Fill | None:
+        """For a copy of ``segment``'s bytes about to be made into another buffer (off the
+        loop, :meth:`~fastinit.checkpoint.staging.Pool.mirror`): a fill that says the same and
+        has its own record of the rows touched, from ``segment``'s so far; None when
+        ``segment`` holds no fill or no slot of it is tracked (nothing to gain)."""
+        with self._lock:
+            fill: _Fill | None = segment.touched
+            if fill is None or self.broken is not None or fill.token not in self._acc:
+                return None
+            if not any(any(s) for s in fill.slots):
+                return None
+            token = next(self._tokens)
+            self._acc[token] = {k: m.clone() for k, m in self._acc[fill.token].items()}
+            for old in sorted(self._acc)[:-_KEEP]:
+                del self._acc[old]
+            return _Fill(token, fill.slots)
+
+    def adopt_fill(self, fill: _Fill, segment: Any) -> None:
+        """The copy :meth:`fork_fill` was for is complete: ``segment`` holds ``fill``."""
+        with self._lock:
+            if fill.token in self._acc and self.broken is None:
+                segment.touched = fill
+
+    def forget(self, fill: _Fill) -> None:
+        """No copy is made for ``fill`` (from :meth:`fork_fill`): stop recording its rows."""
+        with self._lock:
+            self._acc.pop(fill.token, None)
+
     def _untouched_agree(self, src: Any, dst: Any, touched: Any, gen: Any) -> bool:
         """Whether a sample of the rows not touched still equals the buffer's copy of them: the
         check that nothing wrote the table unseen. A difference turns this off for good."""

@@ -78,7 +78,8 @@ def _touched_rank(root: str) -> dict[str, Any]:
         handle, states[name] = _save(f"{root}/{name}", model, opts)
         out["saves"].append((name, handle.copied_bytes, handle.staged_bytes))
 
-    # Two saves fill both buffers whole; the next ones copy the touched rows.
+    # The first save fills a buffer whole, which a thread copies into the other buffer; the
+    # next saves copy the touched rows.
     for name in ("c0", "c1", "c2", "c3"):
         one(name)
     # torch writes a row no batch touched, in place: that table is copied whole.
@@ -124,9 +125,10 @@ def test_saves_by_touched_rows_hold_the_whole_state(tmp_path: Any) -> None:
         out = r
         assert all(not d for d in out["diffs"].values()), out["diffs"]
         copied = {name: (c, s) for name, c, s in out["saves"]}
-        assert copied["c0"][0] == copied["c0"][1] and copied["c1"][0] == copied["c1"][1]
-        # by rows: a small part of the state (one step of 16 samples per save)
-        for name in ("c2", "c3", "rows-again", "pipe-1", "pipe-2"):
+        assert copied["c0"][0] == copied["c0"][1]
+        # by rows: a small part of the state (one step of 16 samples per save); c1 into the
+        # buffer the first save's copy was mirrored into
+        for name in ("c1", "c2", "c3", "rows-again", "pipe-1", "pipe-2"):
             assert 0 < copied[name][0] < copied[name][1] / 4, (name, copied[name])
         # the two saves after the rollback copy the state whole: the load reached both buffers
         assert copied["rollback"][0] == copied["rollback"][1]
@@ -239,3 +241,45 @@ def test_the_rows_recorded_are_the_rows_the_kernel_writes() -> None:
     from fastinit.checkpoint.touched import _HOOKS
 
     assert not any(ref() is t for ref, _ in _HOOKS.values())  # nothing of the closed one left
+
+
+def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
+    """After a job's first save, a thread copies its buffer into the buffer the next save
+    takes (allocating it when there is none yet); the pool waits for that copy before it hands
+    a buffer out (or frees or unmaps one), and the buffer then holds the first save's bytes. A
+    buffer that already holds a copy of this process's is not copied into."""
+    import os
+    import threading
+
+    from fastinit.checkpoint.staging import HEADER_BYTES, Layout, Pool
+
+    pool = Pool(0, keep_tier=True, shared=True)
+    if not pool.shared:
+        pytest.skip("no /dev/shm")
+    size = HEADER_BYTES + (4 << 20)
+    layout = Layout(slots=(), size=size)
+    try:
+        first = pool.acquire(layout, "a" * 32, {"job": "test"})  # the only buffer
+        payload = os.urandom(size - HEADER_BYTES)
+        first.mm[HEADER_BYTES:size] = payload
+        release = threading.Event()
+        done: list[Any] = []
+
+        def finish(segment: Any) -> None:
+            release.wait(30)  # the copy is made; its end waits for the timer below
+            segment.touched = "mirrored"
+            done.append((segment, threading.current_thread().name))
+
+        assert pool.mirror(first, size, finish)
+        threading.Timer(0.3, release.set).start()
+        pool.settle("a" * 32, committed=True)  # the first buffer becomes the tier
+        ((spare, thread),) = done
+        assert thread == "fastinit-checkpoint-mirror" and spare is not first
+        assert len(pool.buffers()) == 2
+        assert not pool.mirror(first, size, finish)  # the spare holds a copy now
+        second = pool.acquire(layout, "b" * 32, {"job": "test"})
+        assert second is spare
+        assert bytes(second.mm[HEADER_BYTES:size]) == payload
+        assert not pool.mirror(second, size, finish)  # no room: two buffers, the tier busy
+    finally:
+        pool.release()

@@ -392,6 +392,10 @@ class Pool:
         self.allocated_bytes += size
         return seg
 
+    def _free_name(self) -> str:
+        """The name of a buffer no save has named yet (this process's pid in it)."""
+        return f"{PREFIX}.{os.getuid()}.free-{os.getpid()}-{os.urandom(4).hex()}.r{self.rank}"
+
     def reserve(self, size: int, count: int | None = None, *, pin: bool = False) -> None:
         """Allocate free buffers of at least ``size`` bytes up to ``count`` (default: what a
         save and the tier need), ahead of the first save; ``pin``: page-lock them for CUDA
@@ -403,10 +407,7 @@ class Pool:
                 if len(self._entries) >= self.max_buffers or len(fitting) >= want:
                     segments = [e.segment for e in fitting]
                     break
-            seg = self._new(
-                size,
-                f"{PREFIX}.{os.getuid()}.free-{os.getpid()}-{os.urandom(4).hex()}.r{self.rank}",
-            )
+            seg = self._new(size, self._free_name())
             with self._lock:
                 self._entries.append(_Entry(seg, "free"))
         if pin:
@@ -522,10 +523,7 @@ class Pool:
             n = end - HEADER_BYTES
             try:
                 if seg is None:  # a job's first save, with no buffer made ahead of it
-                    seg = self._new(
-                        end, f"{PREFIX}.{os.getuid()}.free-{os.getpid()}-{os.urandom(4).hex()}"
-                        f".r{self.rank}",
-                    )  # fmt: skip
+                    seg = self._new(end, self._free_name())
                     with self._lock:
                         room = len(self._entries) < self.max_buffers
                         if room:

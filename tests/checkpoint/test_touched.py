@@ -272,14 +272,17 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
 
         assert pool.mirror(first, size, finish)
         threading.Timer(0.3, release.set).start()
-        pool.settle("a" * 32, committed=True)  # the first buffer becomes the tier
+        # The next save's buffer, asked for while the copy is still going: the copy's buffer,
+        # once complete (without the wait, a third buffer, or one half-copied).
+        second = pool.acquire(layout, "b" * 32, {"job": "test"})
         ((spare, thread),) = done
         assert thread == "fastinit-checkpoint-mirror" and spare is not first
-        assert len(pool.buffers()) == 2
-        assert not pool.mirror(first, size, finish)  # the spare holds a copy now
-        second = pool.acquire(layout, "b" * 32, {"job": "test"})
-        assert second is spare
+        assert second is spare and len(pool.buffers()) == 2
         assert bytes(second.mm[HEADER_BYTES:size]) == payload
+        pool.settle("a" * 32, committed=True)  # the first buffer becomes the tier
         assert not pool.mirror(second, size, finish)  # no room: two buffers, the tier busy
+        pool.settle("b" * 32, committed=True)  # the second is the tier, the first free
+        first.touched = "a fill"
+        assert not pool.mirror(second, size, finish)  # the free one holds a copy
     finally:
         pool.release()

@@ -48,7 +48,7 @@ STACK_TESTS_1.9 := tests/startup/test_setup.py tests/startup/test_seeding.py \
   tests/compat/test_installed_release.py tests/startup/test_nccl_ready.py \
   tests/sharding/test_table_errors.py tests/tools/test_patches.py tests/warmup/test_vec_isa.py \
   tests/checkpoint/test_checkpoint_stacks.py tests/checkpoint/test_touched.py \
-  tests/pg/test_restart.py
+  tests/pg/test_restart.py tests/restart/test_restart_launcher.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

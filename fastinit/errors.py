@@ -40,6 +40,7 @@ __all__ = [
     "FastinitCacheWarning",
     "ReplicaMismatchWarning",
     "TraceWarning",
+    "RestartWarning",
 ]
 
 
@@ -154,6 +155,14 @@ class BatchSchemaError(FastinitError, ValueError):
 
 class TraceWarning(FastinitWarning, UserWarning):
     """A trace could not be written (the job goes on untraced); the message says where and why."""
+
+
+# -- restarts (fastinit.restart) --------------------------------------------------------------
+
+
+class RestartWarning(FastinitWarning, UserWarning):
+    """A restart could not be forked by its zygote and starts a fresh interpreter instead; the
+    message says why (the job goes on, only slower to come back)."""
 
 
 # -- the command line (fastinit.cli) -----------------------------------------------------------

@@ -26,6 +26,8 @@ __all__ = [
     "get_checkpoint_tier",
     "get_checkpoint_write_rate",
     "get_checkpoint_delta",
+    "get_restart_zygote",
+    "get_restart_preload",
     "override",
     "markdown_table",
 ]
@@ -66,6 +68,11 @@ KNOBS: dict[str, str] = {
     "FASTINIT_CHECKPOINT_DELTA": "`on` (default): a save copies only the rows of fused CPU "
     "tables that training touched since its buffer's last copy (fastinit/checkpoint/touched.py); "
     "`off`: every save copies the whole state.",
+    "FASTINIT_RESTART_ZYGOTE": "`on` (default): a worker launched with `python -m fastinit.restart` "
+    "under torchrun leaves a zygote per local rank that forks its restarted successor with the "
+    "preload modules already imported; `off`: every restart starts a fresh interpreter.",
+    "FASTINIT_RESTART_PRELOAD": "Comma-separated modules the zygote imports before it forks "
+    "(default `torch,torchrec`); a module that fails to import is left to the worker.",
 }
 
 
@@ -128,6 +135,17 @@ def get_checkpoint_staging() -> str:
 def get_checkpoint_delta() -> bool:
     """Whether saves copy only touched rows (``FASTINIT_CHECKPOINT_DELTA``: ``on``/``off``)."""
     return _on("FASTINIT_CHECKPOINT_DELTA")
+
+
+def get_restart_zygote() -> bool:
+    """Whether ``python -m fastinit.restart`` keeps a zygote (``FASTINIT_RESTART_ZYGOTE``)."""
+    return _on("FASTINIT_RESTART_ZYGOTE")
+
+
+def get_restart_preload() -> tuple[str, ...]:
+    """The modules the zygote imports before it forks (``FASTINIT_RESTART_PRELOAD``)."""
+    value = _get("FASTINIT_RESTART_PRELOAD") or "torch,torchrec"
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -14,7 +14,17 @@ from typing import Dict, Optional
 import torchx.specs as specs
 from torchx.components import dist
 
-__all__ = ["ttfb", "trainer_args"]
+__all__ = ["ttfb", "trainer_args", "trainer_entry"]
+
+
+def trainer_entry(mode: str, fastinit_parts: str = "all") -> list[str]:
+    """The module torchrun runs for ``mode`` and its first arguments: full fastinit mode goes
+    through ``python -m fastinit.restart`` (a restart forked by a zygote, with torch and TorchRec
+    imported: fastinit/restart); every other mode, and fastinit's one-line-change parts, run the
+    trainer as a stock user's script would."""
+    if mode == "fastinit" and fastinit_parts == "all":
+        return ["fastinit.restart", "-m", "benchmarks.ttfb.trainer"]
+    return ["benchmarks.ttfb.trainer"]
 
 
 def trainer_args(
@@ -137,9 +147,11 @@ def ttfb(
     job_env = {"LOGLEVEL": "WARNING", **(env or {})}
     if nnodes == 1:
         job_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    entry = trainer_entry(mode)
     app = dist.ddp(
+        *entry[1:],
         *args,
-        m="benchmarks.ttfb.trainer",
+        m=entry[0],
         image=image,
         name=f"ttfb-{mode}-{model}",
         cpu=cpu,

@@ -131,7 +131,7 @@ def run_trainer(spec: RunSpec) -> list[str]:
     Raises:
         RuntimeError: the run failed or left fewer trace files than ranks.
     """
-    from benchmarks.ttfb.components import trainer_args, ttfb
+    from benchmarks.ttfb.components import trainer_args, trainer_entry, ttfb
 
     _fresh_out(spec.out)
     env = _path_env()
@@ -172,8 +172,9 @@ def run_trainer(spec: RunSpec) -> list[str]:
             spec.checkpoint_every,
             spec.checkpointer,
         )
-        cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", "benchmarks.ttfb.trainer", *args]
-        cmd += spec.trainer_args
+        parts = "all" if not spec.trainer_args else "parts"  # the one-line change: no launcher
+        entry = trainer_entry(spec.mode, parts)
+        cmd = [*_torchrun(spec.nproc, spec.max_restarts), "-m", *entry, *args, *spec.trainer_args]
         ok, detail = _run(cmd, {**env, **_env(spec)}, spec)
     return _check(spec, ok, detail, "run")
 

@@ -62,6 +62,7 @@ from fastinit.checkpoint.writer import (
     Written,
     commit_written,
 )
+from fastinit.restart import launcher_pid
 
 if TYPE_CHECKING:
     from torch import nn
@@ -170,7 +171,7 @@ class _Saver:
         """What a staging buffer's header says of who holds it: this job, process, launcher
         and writer process."""
         writer = self.writer.proc.pid if isinstance(self.writer, WriterProcess) else None
-        return {"job": _job(), "pid": os.getpid(), "ppid": os.getppid(), "writer": writer}
+        return {"job": _job(), "pid": os.getpid(), "ppid": launcher_pid(), "writer": writer}
 
     def ensure_writer(self) -> WriterProcess | WriterThread:
         """The writer for the next job: a process while the buffers are shared, else (no
@@ -581,7 +582,7 @@ def _job() -> str:
     if run:
         return run
     addr = os.environ.get("MASTER_ADDR")
-    return f"{addr}:{os.environ.get('MASTER_PORT', '')}" if addr else f"pid {os.getppid()}"
+    return f"{addr}:{os.environ.get('MASTER_PORT', '')}" if addr else f"pid {launcher_pid()}"
 
 
 # -- save -------------------------------------------------------------------------------------------

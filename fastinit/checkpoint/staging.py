@@ -32,6 +32,7 @@ from typing import Any
 
 from fastinit import _faults
 from fastinit.checkpoint.direct import BLOCK, round_up
+from fastinit.restart import launcher_pid
 
 __all__ = ["Segment", "Layout", "Slot", "Pool", "segment_name", "shm_dir", "HEADER_BYTES"]
 
@@ -364,7 +365,7 @@ class Pool:
         self.allocated_s = 0.0
         self.allocated_bytes = 0
         self.warning: str | None = None
-        self.owner: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid()}
+        self.owner: dict[str, Any] = {"pid": os.getpid(), "ppid": launcher_pid()}
         """Who holds this pool's buffers (``job``, ``pid``, ``ppid``, ``writer``): the header of
         a buffer from its creation until a save names it."""
 

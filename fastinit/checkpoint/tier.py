@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from fastinit.checkpoint.staging import PREFIX, Segment, segment_name, shm_dir
+from fastinit.restart import launcher_pid
 
 __all__ = [
     "open_segment",
@@ -182,7 +183,7 @@ def adoptable(rank: int, job: str) -> list[tuple[Segment, str | None]]:
         if (
             header.get("rank") == rank
             and header.get("job") == job
-            and header.get("ppid") == os.getppid()
+            and header.get("ppid") == launcher_pid()
             and header.get("pid") != os.getpid()
             and not _alive(header.get("pid"))
             and not _alive(header.get("writer"))
@@ -200,7 +201,7 @@ def predecessor_writers() -> list[int]:
     for _, header in _headers():
         writer = header.get("writer")
         if (
-            header.get("ppid") == os.getppid()
+            header.get("ppid") == launcher_pid()
             and header.get("pid") != os.getpid()
             and not _alive(header.get("pid"))
             and isinstance(writer, int)

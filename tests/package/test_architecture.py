@@ -90,8 +90,20 @@ def test_no_import_circle_in_fastinit() -> None:
 # never from above; within a layer, without a circle (above).
 LAYERS: tuple[tuple[str, ...], ...] = (
     # base: errors, knobs, the tracer, what TorchRec must have and the port registry, seeding,
-    # the named points where a test injects a failure, the package faces' lazy-import helper
-    ("errors", "knobs", "trace", "compat", "ports", "_port_hashes", "seeding", "_faults", "_lazy"),
+    # the named points where a test injects a failure, the package faces' lazy-import helper, the
+    # restart launcher (its zygote forks workers; checkpoints ask it who launched this worker)
+    (
+        "errors",
+        "knobs",
+        "trace",
+        "compat",
+        "ports",
+        "_port_hashes",
+        "seeding",
+        "_faults",
+        "_lazy",
+        "restart",
+    ),
     # the plan's data model: layouts, codec, fingerprint, cache, validation
     ("plan",),
     # what makes or uses a plan: the planner, module construction, process groups, checkpoints, the

@@ -13,7 +13,7 @@ import fastinit
 from fastinit import errors
 
 # entry points that run when imported (the writer subprocess, ``python -m fastinit``)
-_SCRIPTS = {"fastinit.__main__", "fastinit.checkpoint._writer_main"}
+_SCRIPTS = {"fastinit.__main__", "fastinit.checkpoint._writer_main", "fastinit.restart.__main__"}
 
 
 def _modules() -> list[str]:

@@ -262,3 +262,24 @@ def test_no_zygote_is_forked_from_a_process_with_threads(tmp_path):
     err = _two_fresh_attempts(tmp_path, **env)
     assert err.count("the preload imports started a thread or CUDA") == 2, err
     assert not _sockets(tmp_path)
+
+
+def test_a_forked_restart_resumes_from_host_memory_bit_equal(tmp_path):
+    """The checkpoint's host-memory tier under the zygote: the restarted workers (forked, so
+    their parent is not the agent) find their predecessors' staging buffers and writers by
+    ``launcher_pid()``, load 0 bytes from storage, and hold what was saved."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [TORCHRUN, "--max-restarts", "1", "--nnodes", "1", "--nproc-per-node", "2"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1"]
+    cmd += ["-m", "fastinit.restart", str(HERE / "checkpoint_job.py"), str(out)]
+    env = _env(tmp_path, LOGLEVEL="WARNING", FASTINIT_RESTART_PRELOAD="torch,torchrec")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    for rank in (0, 1):
+        got = json.loads((out / f"resumed-rank{rank}.json").read_text())
+        assert got["served"] and got["step"] == 1, got
+        assert got["storage_bytes"] == 0 and got["memory_bytes"] > 0, got
+        assert got["compared"] > 0 and got["differ"] == [], got
+    assert _none_left(str(out))

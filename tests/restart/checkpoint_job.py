@@ -2,10 +2,12 @@
 
     torchrun --max-restarts 1 --nproc-per-node 2 ... -m fastinit.restart checkpoint_job.py OUT
 
-Attempt 0: a sharded model (``fastinit.testing.models``, fused row-wise Adagrad) trains a step
-and saves through ``CheckpointManager``; once the save is committed, its local values go to
-``OUT/ref-rank<r>.pt`` and the last rank SIGKILLs itself. Attempt 1 (forked by the zygote):
-a model built with another seed loads the latest checkpoint and writes
+Attempt 0: a sharded model (``fastinit.testing.models``, fused row-wise Adagrad) saves step 1
+through ``CheckpointManager``, trains a step (its local values to ``OUT/ref-rank<r>.pt``) and
+saves step 2 with its writers slowed by 8 s; once that save returned on every rank, the last
+rank SIGKILLs itself. Attempt 1 (forked by the zygote, so its parent is not torchrun's agent)
+must find the dead trainers' writers by ``launcher_pid()``, wait for step 2's commit and resume
+from it: a model built with another seed loads the latest checkpoint and writes
 ``OUT/resumed-rank<r>.json`` (the load report's bytes from storage and from memory, whether a
 zygote forked it, and which values differ from the reference).
 """
@@ -28,6 +30,7 @@ import fastinit
 import fastinit.restart
 from fastinit import checkpoint
 from fastinit.checkpoint.loading import flat_target
+from fastinit.testing.faults import inject
 from fastinit.testing.models import ModelSpec, build_model, build_plan, make_batch
 
 SPEC = ModelSpec(num_tables=4, num_weighted_tables=1, num_ec_tables=1, rows=64, dims=(8, 16))
@@ -65,12 +68,13 @@ def main() -> None:
     manager = checkpoint.CheckpointManager(os.path.join(out, "ckpt"))
     if attempt == 0:
         model, opts = build(seed=1)
+        manager.save(1, model, opts, blocking=True)
         loss, _ = model(make_batch(SPEC, 8, seed=10 + rank))
         loss.backward()
-        manager.save(1, model, opts)
-        manager.wait()
         torch.save(local(model, opts), os.path.join(out, f"ref-rank{rank}.pt"))
-        dist.barrier()
+        with inject("checkpoint.write", "sleep", seconds=8):  # the writers take 8 s more
+            manager.save(2, model, opts)
+        dist.barrier()  # save 2 returned on every rank; its writers are still writing
         if rank == world - 1:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(120)  # torchrun stops this worker and restarts both

@@ -266,8 +266,9 @@ def test_no_zygote_is_forked_from_a_process_with_threads(tmp_path):
 
 def test_a_forked_restart_resumes_from_host_memory_bit_equal(tmp_path):
     """The checkpoint's host-memory tier under the zygote: the restarted workers (forked, so
-    their parent is not the agent) find their predecessors' staging buffers and writers by
-    ``launcher_pid()``, load 0 bytes from storage, and hold what was saved."""
+    their parent is not the agent) find their predecessors' writers by ``launcher_pid()``, wait
+    for the save those were still writing (step 2, not step 1), load it with 0 bytes from
+    storage, and hold what was saved."""
     out = tmp_path / "out"
     out.mkdir()
     cmd = [TORCHRUN, "--max-restarts", "1", "--nnodes", "1", "--nproc-per-node", "2"]
@@ -279,7 +280,7 @@ def test_a_forked_restart_resumes_from_host_memory_bit_equal(tmp_path):
     assert proc.returncode == 0, log[-4000:]
     for rank in (0, 1):
         got = json.loads((out / f"resumed-rank{rank}.json").read_text())
-        assert got["served"] and got["step"] == 1, got
+        assert got["served"] and got["step"] == 2, got
         assert got["storage_bytes"] == 0 and got["memory_bytes"] > 0, got
         assert got["compared"] > 0 and got["differ"] == [], got
     assert _none_left(str(out))

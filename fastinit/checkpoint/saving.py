@@ -911,6 +911,11 @@ def prepare(
     state created later (a dense optimizer's, at its first step) grows the buffer at the save
     that first holds it. No collective; call it on every rank, e.g. as a start-up stage.
 
+    Where rows are tracked (fused CPU tables, :mod:`fastinit.checkpoint.touched`), the buffers
+    are also filled with the state as it is now, on the same thread, so even the first save
+    copies only the rows trained since: one more copy of the state per buffer, off the loop.
+    Call it where no backward is in flight (at start-up, or between steps).
+
     Args:
         model: the model.
         optimizers: name -> optimizer, as for :func:`save`.
@@ -921,22 +926,29 @@ def prepare(
     """
     group = Group()
     rank = group.rank
-    state = build_state(model, optimizers)
-    flat = flat_state(state)
-    tensors = _tensors({k: v for k, v in flat.items() if is_sharded(v)})
-    if rank == 0:
-        tensors += _tensors({k: v for k, v in flat.items() if not is_sharded(v)})
-    size = Layout.of(tensors).size
-    cuda = any(t.device.type == "cuda" for _, _, t in tensors)
+    staged = _what(build_state(model, optimizers), rank)
+    tensors = [t for _, _, t in staged.tensors]
+    cuda = any(t.device.type == "cuda" for t in tensors)
 
     touched = _SAVER.tracker()
+    fills: list[Any] = []
     if touched is not None:
         touched.attach(model)  # on the caller's thread: the hooks are on before its next step
+        # What each buffer's prefill will hold, fixed here: rows touched from now on are
+        # recorded, and the first save into it copies only those.
+        for _ in range(2):  # at most two buffers: the one a save takes and the tier's
+            fill = touched.begin(staged.layout, tensors)
+            if fill is not None:
+                fills.append(fill)
 
     def run() -> None:
         _SAVER.setup(rank)
-        assert _SAVER.pool is not None
-        _SAVER.pool.reserve(size, pin=cuda)
+        pool = _SAVER.pool
+        assert pool is not None
+        pool.reserve(staged.layout.size, pin=cuda)
+        if fills:
+            assert touched is not None
+            pool.prefill(staged.layout, tensors, fills, touched.adopt_fill, touched.forget)
 
     if not background:
         run()

@@ -27,7 +27,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fastinit import _faults
@@ -327,7 +327,8 @@ def copy_in(segment: Segment, layout: Layout, tensors: Sequence[Any]) -> None:
 class _Entry:
     segment: Segment
     state: str
-    """``free``, ``writing`` (a save in flight) or ``tier`` (the latest committed save)."""
+    """``free``, ``writing`` (a save in flight), ``tier`` (the latest committed save) or
+    ``filling`` (free, being filled by :meth:`Pool.prefill`)."""
     save_id: str | None = None
 
 
@@ -362,6 +363,7 @@ class Pool:
         self._entries: list[_Entry] = []
         self._lock = threading.Lock()
         self._mirror: threading.Thread | None = None
+        self._filler: threading.Thread | None = None
         self.allocated_s = 0.0
         self.allocated_bytes = 0
         self.warning: str | None = None
@@ -422,21 +424,27 @@ class Pool:
             RuntimeError: every buffer is in use (a save in flight and the tier): wait for the
                 save in flight first.
         """
-        self._join_mirror()
-        with self._lock:
-            free = [e for e in self._entries if e.state == "free"]
-            fitting = [e for e in free if e.segment.size >= layout.size]
-            entry = min(fitting, key=lambda e: e.segment.size) if fitting else None
-            if entry is None and len(self._entries) >= self.max_buffers:
-                if not free:
-                    raise RuntimeError("every staging buffer is in use")
-                # the layout grew (optimizer state created since): replace a free buffer
-                victim = free[0]
-                self._entries.remove(victim)
-                victim.segment.close()
-                victim.segment.unlink()
-            if entry is not None:
-                entry.state, entry.save_id = "writing", save_id
+        entry: _Entry | None = None
+        while True:
+            self._join_mirror()
+            self._join_filler()
+            with self._lock:
+                if any(e.state == "filling" for e in self._entries):
+                    continue  # a prefill began meanwhile: take its buffer once it is full
+                free = [e for e in self._entries if e.state == "free"]
+                fitting = [e for e in free if e.segment.size >= layout.size]
+                entry = min(fitting, key=lambda e: e.segment.size) if fitting else None
+                if entry is None and len(self._entries) >= self.max_buffers:
+                    if not free:
+                        raise RuntimeError("every staging buffer is in use")
+                    # the layout grew (optimizer state created since): replace a free buffer
+                    victim = free[0]
+                    self._entries.remove(victim)
+                    victim.segment.close()
+                    victim.segment.unlink()
+                if entry is not None:
+                    entry.state, entry.save_id = "writing", save_id
+                break
         if entry is None:
             seg = self._new(layout.size, segment_name(save_id, self.rank))
             entry = _Entry(seg, "writing", save_id)
@@ -549,6 +557,58 @@ class Pool:
         t.start()
         return True
 
+    def prefill(
+        self,
+        layout: Layout,
+        tensors: Sequence[Any],
+        fills: Sequence[Any],
+        adopt: Callable[[Any, Segment], None],
+        forget: Callable[[Any], None],
+    ) -> int:
+        """Copy ``tensors`` (whole, in ``layout``) into every free buffer that holds nothing
+        this process copied in, one per fill, on the calling thread: off the training loop,
+        ahead of the first save. ``adopt(fill, buffer)`` once a buffer is full (before any
+        save can take it: a save that wants a buffer being filled waits for it), ``forget(fill)``
+        for each fill no buffer got; returns the buffers filled."""
+        with self._lock:
+            targets = []
+            if self.reuse:
+                self._filler = threading.current_thread()
+                targets = [
+                    e
+                    for e in self._entries
+                    if e.state == "free"
+                    and e.segment.touched is None
+                    and e.segment.size >= layout.size
+                ][: len(fills)]
+            for e in targets:
+                e.state = "filling"
+        filled = 0
+        try:
+            for i, fill in enumerate(fills):
+                if i >= len(targets):
+                    forget(fill)
+                    continue
+                try:
+                    copy_in(targets[i].segment, layout, tensors)
+                    _faults.point("checkpoint.prefill", rank=self.rank)
+                except Exception:  # noqa: BLE001 - no fill: the next copy into it is whole
+                    forget(fill)
+                    continue
+                adopt(fill, targets[i].segment)
+                filled += 1
+        finally:
+            with self._lock:
+                for e in targets:
+                    e.state = "free"
+                self._filler = None
+        return filled
+
+    def _join_filler(self) -> None:
+        t = self._filler
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
     def _join_mirror(self) -> None:
         t = self._mirror
         if t is not None:
@@ -572,6 +632,7 @@ class Pool:
     def release(self) -> None:
         """Unmap and remove every buffer (the job ended cleanly)."""
         self._join_mirror()
+        self._join_filler()
         with self._lock:
             entries, self._entries = self._entries, []
         for e in entries:

@@ -355,10 +355,9 @@ class Touched:
         with torch.no_grad():
             for i, (slot, t) in enumerate(zip(layout.slots, tensors, strict=True)):
                 src = t.detach()
-                cpu = src.device.type == "cpu"
-                where = tables.get((src.data_ptr(), slot.nbytes)) if cpu else None
+                signed, where = _signature(slot, src, tables)
                 now = (src.data_ptr(), slot.nbytes, src._version, slot.offset)
-                sig.append(now if where else (0, 0, 0, 0))
+                sig.append(signed)
                 touched = self._changed(fill, acc, i, now, where, slot.nbytes)
                 if touched is None or where is None:
                     whole.append(i)
@@ -382,6 +381,35 @@ class Touched:
             if token in self._acc and self.broken is None:
                 segment.touched = _Fill(token, tuple(sig))
         return delta + whole_bytes
+
+    def begin(self, layout: Any, tensors: Sequence[Any]) -> _Fill | None:
+        """For a whole copy of ``tensors`` (in ``layout``) to be made off the loop into a
+        buffer that holds nothing yet (:func:`fastinit.checkpoint.prepare`): the fill that copy
+        will hold, recording the rows touched from this call on. So a row the copy reads while
+        a backward writes it is copied again by the next save into that buffer.
+
+        Call it where no backward is in flight (at start-up, between steps): a backward whose
+        rows were recorded before this call and written after it would escape. None when no
+        slot of ``layout`` is tracked (nothing to gain) or tracking is off."""
+        import torch
+
+        with self._lock:
+            if self.broken is not None:
+                return None
+            tables = self._tables()
+            sig = tuple(
+                _signature(slot, t.detach(), tables)[0]
+                for slot, t in zip(layout.slots, tensors, strict=True)
+            )
+            if not any(any(s) for s in sig):
+                return None
+            token = next(self._tokens)
+            self._acc[token] = {
+                k: torch.zeros(m.rows, dtype=torch.bool) for k, m in self._modules.items()
+            }
+            for old in sorted(self._acc)[:-_KEEP]:
+                del self._acc[old]
+        return _Fill(token, sig)
 
     def fork_fill(self, segment: Any) -> _Fill | None:
         """For a copy of ``segment``'s bytes about to be made into another buffer (off the
@@ -453,6 +481,17 @@ class Touched:
         if _count(touched) > MOST * where.rows:
             return None
         return touched
+
+
+def _signature(
+    slot: Any, src: Any, tables: dict[tuple[int, int], _Rows]
+) -> tuple[tuple[int, int, int, int], _Rows | None]:
+    """What a fill records of ``src`` copied into ``slot`` — (data_ptr, nbytes, version,
+    offset), all zero where it is not a tracked table — and the table it is, if one."""
+    where = tables.get((src.data_ptr(), slot.nbytes)) if src.device.type == "cpu" else None
+    if where is None:
+        return (0, 0, 0, 0), None
+    return (src.data_ptr(), slot.nbytes, src._version, slot.offset), where
 
 
 def _count(mask: Any) -> int:

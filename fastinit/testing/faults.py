@@ -36,6 +36,8 @@ POINTS: dict[str, str] = {
     "checkpoint.write": "in the writer, before a part's data is written (a full disk, a stalled "
     "or dying writer)",
     "checkpoint.index": "in rank 0's writer, before the index is written",
+    "checkpoint.prefill": "in prepare's thread, after a staging buffer is filled, before the "
+    "fill is recorded (a slow fill while the loop trains; a fill failing: copied whole later)",
     "checkpoint.marker": "rank 0 creating the commit marker (a full disk at the marker)",
     # fastinit.setup, one point at the start of each phase (fastinit/startup.py), in order
     "startup.prepare": "setup's prepare phase starts (a rank failing before its record is built)",

@@ -286,3 +286,42 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
         assert not pool.mirror(second, size, finish)  # the free one holds a copy
     finally:
         pool.release()
+
+
+def _prefill_rank(root: str) -> dict[str, Any]:
+    import torch
+
+    from fastinit import checkpoint
+    from fastinit.testing.faults import inject
+    from tests.checkpoint.test_checkpoint import _build, _train
+
+    model, opts = _build(PLAN, seed=1, spec_kwargs=SPEC)
+    out: dict[str, Any] = {"saves": [], "alive": []}
+    states: dict[str, Any] = {}
+    # Each buffer's fill waits 2 s between its copy and its adoption while the loop trains:
+    # rows the steps write after prepare() returned, before and after the copy, must reach
+    # the checkpoint through the rows recorded since prepare().
+    with inject("checkpoint.prefill", "sleep", seconds=2.0):
+        thread = checkpoint.prepare(model, opts, background=True)
+        for i in range(3):
+            _train(model, opts, seed=10 + i, spec=SPEC)
+        out["alive"].append(thread is not None and thread.is_alive())
+        for name in ("p0", "p1", "p2"):
+            _train(model, opts, seed=20 + len(states), spec=SPEC)
+            handle, states[name] = _save(f"{root}/{name}", model, opts)
+            out["saves"].append((name, handle.copied_bytes, handle.staged_bytes))
+    torch.distributed.barrier()
+    out["diffs"] = {name: _loads_as(f"{root}/{name}", want, 7) for name, want in states.items()}
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_prepare_fills_the_buffers_so_the_first_saves_copy_rows(tmp_path: Any) -> None:
+    """``checkpoint.prepare`` copies the state into both staging buffers on its thread while
+    the loop trains: the first save and the next (the other buffer) copy only the rows
+    trained since, and every checkpoint is the state at its save, bit for bit."""
+    for out in run_ranks(_prefill_rank, 2, args=(str(tmp_path),), timeout=540):
+        assert out["alive"] == [True]  # the steps ran while the fill was still going
+        assert all(not d for d in out["diffs"].values()), out["diffs"]
+        for name, copied, staged in out["saves"]:
+            assert 0 < copied < staged / 4, (name, copied, staged)

@@ -92,6 +92,9 @@ class BenchConfig:
     against."""
     timeout_s: float = 1200.0
     """Per-run timeout."""
+    recover_timeout_s: float | None = None
+    """Timeout of a recover run (None: ``timeout_s``). A run lasts about 20 s; a restart that
+    hangs (stock-best's, reading the dead attempt's keys) waits this long to be counted."""
     heavy_repeats: int = 0
     """Runs of the checkpoint-heavy scenario per checkpointer (0: none; ``make bench`` runs it
     once: :mod:`benchmarks.ttfb.heavy`)."""
@@ -206,6 +209,7 @@ def run_recover(
         checkpoint_step=RECOVER.checkpoint_step,
         max_restarts=RECOVER.max_restarts,
         env=kill.env(),
+        timeout_s=config.recover_timeout_s or config.timeout_s,
     )
     t = time.monotonic()
     try:
@@ -466,6 +470,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-compile", action="store_true", help="eager dense arch (tests)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="per run, seconds")
     parser.add_argument(
+        "--recover-timeout",
+        type=float,
+        default=None,
+        help="per recover run, seconds (default: --timeout); a restart not back by then hung",
+    )
+    parser.add_argument(
         "--heavy-repeats",
         type=int,
         default=0,
@@ -509,6 +519,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         floor=not args.no_floor,
         compile=not args.no_compile,
         timeout_s=args.timeout,
+        recover_timeout_s=args.recover_timeout,
         steps=args.steps,
         heavy_repeats=args.heavy_repeats,
     )

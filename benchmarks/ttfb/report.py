@@ -295,10 +295,11 @@ def format_recover(rows: Sequence[Mapping[str, Any]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def _format_came_back(rows: Sequence[Mapping[str, Any]]) -> str:
+def _format_came_back(rows: Sequence[Mapping[str, Any]], timeout_s: float | None = None) -> str:
     """How many restarts came back (times above are over those); empty for old summaries."""
     if not rows or "fastinit_repeats" not in rows[0]:
         return ""
+    hung = f" hung: no end within {timeout_s:.0f} s" if timeout_s else " hung"
     parts = []
     for r in rows:
         each = []
@@ -306,7 +307,7 @@ def _format_came_back(rows: Sequence[Mapping[str, Any]]) -> str:
             hangs = int(r[f"{key}_hangs"])
             each.append(
                 f"{mode} {r[f'{key}_recovered']}/{r[f'{key}_repeats']}"
-                + (f" ({hangs} hung)" if hangs else "")
+                + (f" ({hangs}{hung})" if hangs else "")
             )
         parts.append(f"{r['model']}: " + ", ".join(each))
     return "\nRestarts that came back (the times are over these): " + "; ".join(parts) + ".\n"
@@ -362,7 +363,11 @@ def recover_section(summary: Mapping[str, Any]) -> str:
         + " and resumes with `fastinit.checkpoint.load` as a stage beside the data "
         "pipeline.\n",
         format_recover(rows),
-        _format_came_back(rows),
+        _format_came_back(
+            rows,
+            summary.get("config", {}).get("recover_timeout_s")
+            or summary.get("config", {}).get("timeout_s"),
+        ),
         "\nLosses after the resume against the same steps trained before the kill (from the "
         "same checkpoint state): "
         + "; ".join(

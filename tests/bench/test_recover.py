@@ -230,6 +230,12 @@ def test_restarts_that_did_not_come_back_are_counted(tmp_path: pathlib.Path) -> 
     )
     text = report.recover_section({"recover_table": rows, "recover": {}, "recover_plan": {}})
     assert "stock-best 1/3 (1 hung), fastinit 1/2" in text
+    # with the run's recover timeout in its config, the report says how long a hang waited
+    config = {"timeout_s": 360.0, "recover_timeout_s": 120.0}
+    text = report.recover_section(
+        {"recover_table": rows, "recover": {}, "recover_plan": {}, "config": config}
+    )
+    assert "stock-best 1/3 (1 hung: no end within 120 s), fastinit 1/2" in text
     (missed,) = [t for t in report.targets([], 2, rows) if "did not come back" in t.what]
     assert missed.measured == 1 and not missed.met
     # The bench's Perfetto trace has every run that left traces (a failed one left none: the

@@ -259,6 +259,7 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
         # did not foresee) shows here, and the list holds what it answered.
         reason = "" if isas == allowed else f"recorded {allowed}, the tests run now passed {isas}"
         return VecIsaRestore(status="recorded", isas=isas, reason=reason)
+    _build_share(cpu_vec_isa, allowed)
     checks: list[dict[str, Any]] = []
 
     def run(isa: Any, code: str, real: Any) -> bool:
@@ -282,6 +283,36 @@ def _restore(root: str | None, write: bool, use_record: bool) -> VecIsaRestore:
     except OSError as e:
         return VecIsaRestore(status="probed-unsaved", isas=isas, reason=f"{type(e).__name__}: {e}")
     return VecIsaRestore(status="probed", isas=isas)
+
+
+def _build_share(cpu_vec_isa: Any, allowed: list[str]) -> None:
+    """Where several local ranks probe at once (a cold start: no record yet), build this
+    rank's share of the base tests ahead of Inductor's own pass.
+
+    Inductor builds each test under a file lock and reuses a library already built, so the
+    local ranks of a host that probe together otherwise queue behind one another for every
+    build (about 2 s each here), one core busy. Local rank ``r`` of ``L`` first builds the
+    base tests ``[r·n/L, (r+1)·n/L)`` of the ``n`` allowed (rank 0 none: its pass starts at the
+    front): the builds run side by side, and each rank's pass then finds the others' built
+    (it still loads each one itself, as Inductor does). Only the base test, whose source and
+    flags are exactly those of Inductor's pass; a failure here is left to that pass."""
+    try:
+        rank = int(os.environ.get("LOCAL_RANK", "0"))
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return
+    config = cpu_vec_isa.config
+    if ranks < 2 or not 0 < rank < ranks or config.cpp.vec_isa_ok is not None:
+        return
+    if config.is_fbcode():
+        return
+    isas = [isa for isa in cpu_vec_isa.supported_vec_isa_list if str(isa) in allowed]
+    n = len(isas)
+    for isa in isas[rank * n // ranks : (rank + 1) * n // ranks]:
+        try:
+            isa.check_build(cpu_vec_isa.VecISA._avx_code)
+        except Exception as e:  # noqa: BLE001 - Inductor's pass builds it and decides
+            logger.debug("fastinit: building the %s test ahead failed: %s", isa, e)
 
 
 def _check_id(isa: Any, code: str) -> tuple[str, str, str]:

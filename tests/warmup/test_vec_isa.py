@@ -27,8 +27,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _isa_job(root: str, knob: str = "on") -> dict[str, Any]:
+def _isa_job(root: str, knob: str = "on", env: dict[str, str] | None = None) -> dict[str, Any]:
     import warnings
+
+    os.environ.update(env or {})  # this job's own process
 
     from torch._inductor import cpu_vec_isa
 
@@ -83,10 +85,10 @@ def _isa_job(root: str, knob: str = "on") -> dict[str, Any]:
     }
 
 
-def _job(root: str, knob: str = "on") -> dict[str, Any]:
+def _job(root: str, knob: str = "on", env: dict[str, str] | None = None) -> dict[str, Any]:
     from fastinit.testing.dist import run_ranks
 
-    return dict(run_ranks(_isa_job, 1, args=(root, knob), init_pg=False, timeout=240)[0])
+    return dict(run_ranks(_isa_job, 1, args=(root, knob, env), init_pg=False, timeout=240)[0])
 
 
 def _record(root: str) -> str:
@@ -222,3 +224,21 @@ def test_a_mistyped_knob_is_an_error_naming_it(tmp_path: Any) -> None:
     with knobs.override(FASTINIT_VEC_ISA_RECORD="of"), pytest.raises(ValueError) as info:
         restore_vec_isa(str(tmp_path))
     assert "FASTINIT_VEC_ISA_RECORD" in str(info.value) and "'of'" in str(info.value)
+
+
+def test_local_ranks_probing_together_build_their_share_of_the_tests_first(
+    probed: tuple[str, dict[str, Any]], tmp_path: Any
+) -> None:
+    """With no record, local rank 1 of 2 first builds the second half of the base tests (rank 0
+    starts Inductor's pass at the front), then runs Inductor's whole pass: the same list and
+    record as a lone probe's."""
+    _, first = probed
+    allowed = first["allowed"]
+    share = allowed[len(allowed) // 2 :]
+    job = _job(str(tmp_path / "cc"), env={"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert job["status"] == "probed", job
+    assert job["base"] == share + allowed, job
+    assert job["isas"] == first["isas"] and job["picked"] == first["picked"], job
+    # local rank 0 builds nothing ahead; nor does a lone rank (the first job above)
+    job0 = _job(str(tmp_path / "cc0"), env={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    assert job0["base"] == allowed, job0

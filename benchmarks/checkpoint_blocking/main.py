@@ -17,7 +17,8 @@ steps. In one process, on the same bytes:
    page-locked buffers), a copy into fresh memory, the file write bandwidth (write + fsync into
    the scratch directory) and read bandwidth (from the device after ``posix_fadvise(DONTNEED)``,
    and from the page cache);
-2. **fastinit**: ``checkpoint.prepare`` (its seconds: off the loop), then every one of
+2. **fastinit**: ``checkpoint.prepare`` (its seconds: off the loop; it also fills the buffers,
+   so the first save copies only the rows trained since), then every one of
    ``--saves`` saves: ``blocking_s`` (what ``save`` held the caller), ``stage_s`` (the copy),
    seconds per GB, the ratio to a warm copy timed just before it, the writer's seconds and
    ``digest_s`` (the checksums' cost on the save), and ``wait`` (the verdict);

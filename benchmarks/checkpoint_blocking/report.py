@@ -187,10 +187,12 @@ def markdown(summary: Mapping[str, Any], command: str = "") -> str:
         "(the machine's load moves both). writer s and checksums s: fastinit's writer process "
         "(files written, fsync'd, hashed, manifest); written: until the save is durable "
         "(fastinit: `wait`, the verdict). copied MB: what fastinit's staging copy moved: only "
-        "the rows the steps since its buffer's last copy touched, where few enough were "
+        "the rows the steps since its buffer's last copy (or `prepare`'s fill) touched, where few "
+        "enough were "
         "(fastinit/checkpoint/touched.py); the other savers copy every byte.\n",
         format_saves(summary),
-        f"\nfastinit's `prepare` (buffers allocated and the writer started, off the loop): "
+        f"\nfastinit's `prepare` (buffers allocated and filled with the state, the writer "
+        "started; off the loop): "
         f"{summary['prepare_s']:.2f} s; staging writer: {summary['staging']['writer']}, "
         f"{summary['staging']['allocated_bytes'] / 1e6:.0f} MB of buffers.\n",
         f"\n**stock-best**: {stock.get('how', 'not run')}. DCP's own stagers on TorchRec's state "

@@ -519,8 +519,8 @@ def section(summary: Mapping[str, Any]) -> str:
         names = list(dict.fromkeys(n for lb in stages for n in results[lb]["stages_s"]))
         text.append(
             "\nThe restarted workers' start-up stages (s, median; fastinit's overlap, "
-            "`checkpoint_prepare` starts the staging buffers' allocation on a thread of its own "
-            "and adopts the buffers a killed predecessor left):\n"
+            "`checkpoint_prepare` adopts the buffers a killed predecessor left, and allocates "
+            "and fills the others on a thread of its own):\n"
         )
         text.append("| stage | " + " | ".join(stages) + " |")
         text.append("|---|" + "---:|" * len(stages))

@@ -658,7 +658,8 @@ class _Trainer:
             collective.add("resume")
         if self.saves_checkpoints():
             # The staging buffers and the writer process ahead of the first save, beside
-            # pre_train; the allocation runs on a thread of its own, so nothing waits for it
+            # pre_train; the allocation (and the fill) runs on a thread of its own, so nothing
+            # waits for it
             # (after the load: a restarted worker first reads its predecessor's buffers, then
             # adopts them).
             stages["checkpoint_prepare"] = self.checkpoint_prepare

@@ -948,7 +948,12 @@ def prepare(
         pool.reserve(staged.layout.size, pin=cuda)
         if fills:
             assert touched is not None
-            pool.prefill(staged.layout, tensors, fills, touched.adopt_fill, touched.forget)
+            # a predecessor's buffers only once this process has loaded (before, one may
+            # hold the save its load reads from memory)
+            loaded = tier.last_loaded() is not None
+            pool.prefill(
+                staged.layout, tensors, fills, touched.adopt_fill, touched.forget, adopted=loaded
+            )
 
     if not background:
         run()

@@ -564,12 +564,16 @@ class Pool:
         fills: Sequence[Any],
         adopt: Callable[[Any, Segment], None],
         forget: Callable[[Any], None],
+        *,
+        adopted: bool = False,
     ) -> int:
         """Copy ``tensors`` (whole, in ``layout``) into every free buffer that holds nothing
         this process copied in, one per fill, on the calling thread: off the training loop,
         ahead of the first save. ``adopt(fill, buffer)`` once a buffer is full (before any
         save can take it: a save that wants a buffer being filled waits for it), ``forget(fill)``
-        for each fill no buffer got; returns the buffers filled."""
+        for each fill no buffer got; returns the buffers filled. ``adopted``: buffers taken
+        over from a predecessor may be filled too (False: they may still hold the save this
+        process is about to load from memory, so only buffers it allocated are)."""
         with self._lock:
             targets = []
             if self.reuse:
@@ -580,6 +584,7 @@ class Pool:
                     if e.state == "free"
                     and e.segment.touched is None
                     and e.segment.size >= layout.size
+                    and (adopted or e.save_id is None)
                 ][: len(fills)]
             for e in targets:
                 e.state = "filling"

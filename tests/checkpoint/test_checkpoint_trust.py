@@ -794,6 +794,33 @@ def _tier_load_rank(root: str) -> dict[str, Any]:
     }
 
 
+def _restarted_prepare_then_load_rank(root: str, attempt: int) -> dict[str, Any]:
+    """One attempt of a job (torchelastic's run id kept, as torchrun keeps it): attempt 0
+    saves and dies; attempt 1 calls ``prepare`` (which allocates and fills buffers, and takes
+    over its predecessor's) before it loads: the load still reads the predecessor's buffer
+    from memory."""
+    from fastinit import checkpoint
+    from fastinit.checkpoint import saving
+
+    os.environ["TORCHELASTIC_RUN_ID"] = f"prepare-then-load-{os.getppid()}"
+    if attempt == 0:
+        return _tier_save_rank(root)
+    model, opts = _build(PLAN_A, seed=99)
+    checkpoint.prepare(model, opts, background=False)
+    out = _tier_load_rank(root)
+    out["adopted"] = sum(1 for b in saving.staging_info()["buffers"] if b[1])
+    return out
+
+
+@pytest.mark.timeout(600)
+def test_a_prepare_before_the_load_keeps_the_host_memory_tier(tmp_path: Any) -> None:
+    root = str(tmp_path)
+    run_ranks(_restarted_prepare_then_load_rank, 2, args=(root, 0), timeout=400)
+    for out in run_ranks(_restarted_prepare_then_load_rank, 2, args=(root, 1), timeout=400):
+        assert out["adopted"] >= 1, out  # prepare took over the predecessor's buffer...
+        assert out["diff"] == [] and out["storage"] == 0 and out["memory"] > 0, out  # ...intact
+
+
 def _tier_load_then_no_shm_rank(root: str) -> dict[str, Any]:
     """The load (this process has no staging buffer yet), then a save with /dev/shm full."""
     import warnings

@@ -341,12 +341,7 @@ class Touched:
         with self._lock:
             acc = self._acc.pop(fill.token, None) if fill is not None else None
             tables = self._tables()
-            token = next(self._tokens)
-            self._acc[token] = {
-                k: torch.zeros(m.rows, dtype=torch.bool) for k, m in self._modules.items()
-            }
-            for old in sorted(self._acc)[:-_KEEP]:
-                del self._acc[old]
+            token = self._open()
         whole: list[int] = []
         sig: list[tuple[int, int, int, int]] = []
         jobs: list[tuple[Any, Any, Any]] = []
@@ -382,6 +377,22 @@ class Touched:
                 segment.touched = _Fill(token, tuple(sig))
         return delta + whole_bytes
 
+    def _open(self, since: dict[int, Any] | None = None) -> int:
+        """A new record of touched rows (a copy of ``since``, else empty); keeps the newest
+        :data:`_KEEP`. Under the lock."""
+        import torch
+
+        token = next(self._tokens)
+        if since is None:
+            self._acc[token] = {
+                k: torch.zeros(m.rows, dtype=torch.bool) for k, m in self._modules.items()
+            }
+        else:
+            self._acc[token] = {k: m.clone() for k, m in since.items()}
+        for old in sorted(self._acc)[:-_KEEP]:
+            del self._acc[old]
+        return token
+
     def begin(self, layout: Any, tensors: Sequence[Any]) -> _Fill | None:
         """For a whole copy of ``tensors`` (in ``layout``) to be made off the loop into a
         buffer that holds nothing yet (:func:`fastinit.checkpoint.prepare`): the fill that copy
@@ -391,7 +402,6 @@ class Touched:
         Call it where no backward is in flight (at start-up, between steps): a backward whose
         rows were recorded before this call and written after it would escape. None when no
         slot of ``layout`` is tracked (nothing to gain) or tracking is off."""
-        import torch
 
         with self._lock:
             if self.broken is not None:
@@ -403,12 +413,7 @@ class Touched:
             )
             if not any(any(s) for s in sig):
                 return None
-            token = next(self._tokens)
-            self._acc[token] = {
-                k: torch.zeros(m.rows, dtype=torch.bool) for k, m in self._modules.items()
-            }
-            for old in sorted(self._acc)[:-_KEEP]:
-                del self._acc[old]
+            token = self._open()
         return _Fill(token, sig)
 
     def fork_fill(self, segment: Any) -> _Fill | None:
@@ -422,10 +427,7 @@ class Touched:
                 return None
             if not any(any(s) for s in fill.slots):
                 return None
-            token = next(self._tokens)
-            self._acc[token] = {k: m.clone() for k, m in self._acc[fill.token].items()}
-            for old in sorted(self._acc)[:-_KEEP]:
-                del self._acc[old]
+            token = self._open(self._acc[fill.token])
             return _Fill(token, fill.slots)
 
     def adopt_fill(self, fill: _Fill, segment: Any) -> None:

@@ -155,6 +155,7 @@ def run_cycles(
             compile=compile,
             timeout_s=timeout_s,
             steps=3,
+            stock_restart="shared-store",  # what this benchmark measures: stock as written
         )
         resumed = any(int(r["nproc"]) == nproc for r in done)
         layouts = {}

@@ -388,6 +388,8 @@ def _labels(heavy: Mapping[str, Any]) -> list[str]:
 
 def section(summary: Mapping[str, Any]) -> str:
     """The report's section on the checkpoint-heavy scenario."""
+    from benchmarks.ttfb.report import stock_restart_text
+
     heavy = summary.get("heavy") or {}
     results = heavy.get("results") or {}
     labels = _labels(results)
@@ -405,7 +407,9 @@ def section(summary: Mapping[str, Any]) -> str:
         "per rank, both ranks at once, fsync'd) must finish before the next is due "
         "(`benchmarks/ttfb/heavy.py`). Medians of the runs that came back ("
         + ", ".join(f"{lb}: {results[lb]['repeats']}" for lb in labels)
-        + "); every save of every run below.\n",
+        + "); every save of every run below. "
+        + stock_restart_text(summary.get("config", {}))
+        + "\n",
         "| | " + " | ".join(labels) + " |",
         "|---|" + "---:|" * len(labels),
     ]
@@ -580,6 +584,7 @@ def run(
                 checkpoint_every=heavy.every,
                 checkpointer=checkpointer,
                 max_restarts=heavy.max_restarts,
+                store_per_round=config.store_per_round(mode),
                 env=kill.env(),
             )
             t = time.monotonic()
@@ -670,7 +675,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import sys
 
     from benchmarks.ttfb.data import DatasetConfig, ensure_dataset
-    from benchmarks.ttfb.main import BenchConfig
+    from benchmarks.ttfb.main import STOCK_RESTARTS, BenchConfig
     from benchmarks.ttfb.trainer import model_spec
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -680,6 +685,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--labels", default=",".join(CHECKPOINTERS), help="checkpointers")
     parser.add_argument("--compile", action="store_true", help="compile the dense arch")
+    parser.add_argument(
+        "--stock-restart",
+        choices=STOCK_RESTARTS,
+        default="store-per-round",
+        help="stock's restarts: a store per rendezvous round (torch's workaround) or torchrun's "
+        "shared store",
+    )
     args = parser.parse_args(argv)
     config = BenchConfig(
         models=(),
@@ -687,6 +699,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         launcher="torchrun",
         compile=args.compile,
         heavy_repeats=args.repeats,
+        stock_restart=args.stock_restart,
     )
     start = time.time()
     load_start = list(os.getloadavg())
@@ -703,7 +716,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "load_avg_at_end": list(os.getloadavg()),
             "python": platform.python_version(),
         },
-        "config": {"nproc": config.nproc, "compile": config.compile},
+        "config": {
+            "nproc": config.nproc,
+            "compile": config.compile,
+            "stock_restart": config.stock_restart,
+        },
         "heavy": heavy,
     }
     write(summary, args.results)

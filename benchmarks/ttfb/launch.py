@@ -50,6 +50,11 @@ class RunSpec:
     """The mode's own checkpoints, or "torch-checkpointing"."""
     max_restarts: int = 0
     """torchrun's ``--max-restarts``."""
+    store_per_round: bool = False
+    """torch's workaround for restarts that read a dead attempt's keys,
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: worker rank 0 hosts a new store every rendezvous
+    round instead of the agent's one store (stock modes only: ``fastinit.init_process_group``
+    would fall back to torch's)."""
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Extra environment of the ranks (the fault injection's variables)."""
     trainer_args: tuple[str, ...] = ()
@@ -71,6 +76,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.trainer_args and self.launcher != "torchrun":
             raise ValueError("trainer_args need the torchrun launcher")
+        if self.store_per_round and self.mode == "fastinit":
+            raise ValueError("store_per_round is stock's workaround; fastinit mode makes its own")
 
 
 def _env(spec: RunSpec) -> dict[str, str]:
@@ -79,6 +86,7 @@ def _env(spec: RunSpec) -> dict[str, str]:
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONWARNINGS": "ignore",
         "LOGLEVEL": "WARNING",
+        **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if spec.store_per_round else {}),
         **spec.env,
     }
 

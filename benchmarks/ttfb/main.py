@@ -57,7 +57,18 @@ from benchmarks.ttfb.scenarios import (
 )
 from benchmarks.ttfb.trainer import MODES
 
-__all__ = ["BenchConfig", "run_bench", "run_recover", "prime", "run_single", "main"]
+#: Where stock's restarted workers find their store (:attr:`BenchConfig.stock_restart`).
+STOCK_RESTARTS: tuple[str, ...] = ("store-per-round", "shared-store")
+
+__all__ = [
+    "STOCK_RESTARTS",
+    "BenchConfig",
+    "run_bench",
+    "run_recover",
+    "prime",
+    "run_single",
+    "main",
+]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -98,6 +109,14 @@ class BenchConfig:
     heavy_repeats: int = 0
     """Runs of the checkpoint-heavy scenario per checkpointer (0: none; ``make bench`` runs it
     once: :mod:`benchmarks.ttfb.heavy`)."""
+    stock_restart: str = "store-per-round"
+    """Where stock's restarted workers (recover, checkpoint-heavy) find their store:
+    "store-per-round" (torch's own workaround, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: worker
+    rank 0 hosts a new store every rendezvous round, so a restart reads nothing the dead attempt
+    left; what a careful user who met the failure sets) or "shared-store" (torchrun's default:
+    the agent's one store for every round, whose stale keys make a restart fail or hang,
+    docs/restarts.md; ``python -m benchmarks.restarts`` measures that). fastinit mode runs on
+    ``fastinit.init_process_group`` either way."""
 
     def __post_init__(self) -> None:
         for s in self.scenarios:
@@ -110,6 +129,14 @@ class BenchConfig:
             raise ValueError("nproc and repeats must be >= 1, heavy_repeats >= 0")
         if self.launcher not in ("torchx", "torchrun"):
             raise ValueError(f"launcher must be torchx or torchrun, got {self.launcher!r}")
+        if self.stock_restart not in STOCK_RESTARTS:
+            raise ValueError(
+                f"stock_restart must be one of {STOCK_RESTARTS}, got {self.stock_restart!r}"
+            )
+
+    def store_per_round(self, mode: str) -> bool:
+        """Whether ``mode``'s restarts run with a store per rendezvous round."""
+        return mode != "fastinit" and self.stock_restart == "store-per-round"
 
 
 def _say(msg: str) -> None:
@@ -208,6 +235,7 @@ def run_recover(
         checkpoint_dir=layout.checkpoint_dir,
         checkpoint_step=RECOVER.checkpoint_step,
         max_restarts=RECOVER.max_restarts,
+        store_per_round=config.store_per_round(layout.mode),
         env=kill.env(),
         timeout_s=config.recover_timeout_s or config.timeout_s,
     )
@@ -476,6 +504,13 @@ def _parser() -> argparse.ArgumentParser:
         help="per recover run, seconds (default: --timeout); a restart not back by then hung",
     )
     parser.add_argument(
+        "--stock-restart",
+        choices=STOCK_RESTARTS,
+        default="store-per-round",
+        help="stock's restarts: a store per rendezvous round (torch's workaround, default) or "
+        "torchrun's shared store",
+    )
+    parser.add_argument(
         "--heavy-repeats",
         type=int,
         default=0,
@@ -520,6 +555,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         compile=not args.no_compile,
         timeout_s=args.timeout,
         recover_timeout_s=args.recover_timeout,
+        stock_restart=args.stock_restart,
         steps=args.steps,
         heavy_repeats=args.heavy_repeats,
     )

@@ -30,6 +30,7 @@ __all__ = [
     "ett_section",
     "format_recover",
     "recover_section",
+    "stock_restart_text",
 ]
 
 #: Which floor piece each of fastinit's stages stands against (for the gap table).
@@ -336,6 +337,24 @@ def _format_recover_parts(rows: Sequence[Mapping[str, Any]]) -> str:
 FAILURES_PER_DAY = 3.0
 
 
+def stock_restart_text(config: Mapping[str, Any]) -> str:
+    """How stock's restarted workers found their store in a run (:attr:`BenchConfig.stock_restart`;
+    runs before the option had torchrun's shared store)."""
+    if config.get("stock_restart", "shared-store") == "store-per-round":
+        return (
+            "Stock's restarts run with torch's own workaround for the restart that reads a dead "
+            "attempt's keys, `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (worker rank 0 hosts a new "
+            "store every rendezvous round), as a careful user who met that failure sets it "
+            "(`--stock-restart shared-store`: torchrun's default; docs/restarts.md); fastinit's on "
+            "`fastinit.init_process_group`."
+        )
+    return (
+        "Stock's restarts run on torchrun's shared store, as `init_process_group` does on "
+        "`env://` (its stale keys can make a restart fail or hang, docs/restarts.md); fastinit's "
+        "on `fastinit.init_process_group`."
+    )
+
+
 def recover_section(summary: Mapping[str, Any]) -> str:
     """The recover scenario: time to recover beside time to start, where it goes, the
     checkpoint interval from the measured blocking time, and the ETT points."""
@@ -361,7 +380,7 @@ def recover_section(summary: Mapping[str, Any]) -> str:
             sorted({str(m.get("fastinit", {}).get("save_how", "?")) for m in recover.values()})
         )
         + " and resumes with `fastinit.checkpoint.load` as a stage beside the data "
-        "pipeline.\n",
+        "pipeline. " + stock_restart_text(summary.get("config", {})) + "\n",
         format_recover(rows),
         _format_came_back(
             rows,

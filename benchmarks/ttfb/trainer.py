@@ -47,9 +47,10 @@ in every worker) reading a synthetic Criteo-style dataset from files
 (EXACT_ROWWISE_ADAGRAD in the TBE kernels), a dense Adagrad, ``TrainPipelineSparseDist``.
 
 The process group: stock and stock-best make it as ``init_process_group`` does on
-``env://`` (torch's rendezvous, the ``default_pg`` prefix: after a restart under torchrun they read
-what the dead attempt left in the agent's store, as a stock trainer does; ``patches/torch``);
-fastinit mode calls :func:`fastinit.init_process_group` (this restart round's keys only). Either
+``env://`` (torch's rendezvous, the ``default_pg`` prefix: after a restart under torchrun on the
+agent's shared store they read what the dead attempt left, as a stock trainer does;
+``patches/torch``; the driver's ``--stock-restart store-per-round``, its default, launches their
+restarts with torch's workaround, a new store every round); fastinit mode calls :func:`fastinit.init_process_group` (this restart round's keys only). Either
 way the tracer wraps the store, so every store operation counts.
 """
 

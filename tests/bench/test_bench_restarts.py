@@ -331,3 +331,64 @@ def test_an_interrupted_torchx_run_takes_torchrun_and_its_workers_with_it(tmp_pa
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     _assert_gone(int(pidfile.read_text()))
+
+
+def test_stock_restarts_get_a_store_per_round_unless_told_otherwise(tmp_path, monkeypatch) -> None:
+    """``make bench``'s stock-best restarts (recover, checkpoint-heavy) run with torch's own
+    workaround, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, set in the workers' launch environment;
+    fastinit mode never (its ``init_process_group`` would fall back to torch's); the restarts
+    benchmark measures stock as written, on torchrun's shared store."""
+    import pytest
+
+    import benchmarks.ttfb.heavy as heavy
+    import benchmarks.ttfb.main as ttfb
+    from benchmarks.restarts import main as restarts_main
+    from benchmarks.ttfb.launch import RunSpec, _env
+    from benchmarks.ttfb.scenarios import Layout
+
+    specs = []
+
+    def fake_run(spec):
+        specs.append(spec)
+        raise RuntimeError("run failed (exit code 1)")
+
+    monkeypatch.setattr(ttfb, "run_trainer", fake_run)
+    for choice in ("store-per-round", "shared-store"):
+        config = ttfb.BenchConfig(models=("tiny",), out=str(tmp_path), stock_restart=choice)
+        for mode in ("stock-best", "fastinit"):
+            layout = Layout(root=str(tmp_path / choice / mode), mode=mode)
+            ttfb.run_recover(config, layout, "tiny", str(tmp_path / "out"), "")
+    var = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    assert [(s.mode, _env(s).get(var)) for s in specs] == [
+        ("stock-best", "1"),
+        ("fastinit", None),
+        ("stock-best", None),
+        ("fastinit", None),
+    ]
+    # the checkpoint-heavy scenario: the same choice per checkpointer
+    import benchmarks.ttfb.launch as launch
+
+    specs.clear()
+    monkeypatch.setattr(launch, "run_trainer", fake_run)
+    config = ttfb.BenchConfig(models=(), out=str(tmp_path / "h"), heavy_repeats=1)
+    out = heavy.run(config, labels=["stock-best", "fastinit"], model="tiny")
+    assert set(out["not_recovered"]) == {"stock-best", "fastinit"}
+    assert [(s.mode, _env(s).get(var)) for s in specs] == [("stock-best", "1"), ("fastinit", None)]
+    with pytest.raises(ValueError, match="stock_restart"):
+        ttfb.BenchConfig(stock_restart="per-attempt")
+    with pytest.raises(ValueError, match="store_per_round"):
+        RunSpec(
+            mode="fastinit", model="tiny", cache="recover", out="o", inductor_dir="i",
+            store_per_round=True,
+        )  # fmt: skip
+    # the restarts benchmark: stock as written
+    configs = []
+    monkeypatch.setattr(ttfb, "prime", lambda *a, **k: None)
+    monkeypatch.setattr(
+        ttfb,
+        "run_recover",
+        lambda config, *a: configs.append(config) or {"recovered": False, "outcome": "failed"},
+    )
+    (tmp_path / "r").mkdir()
+    restarts_main.run_cycles(1, [2], "tiny", str(tmp_path / "r"), 60.0, False, ("stock-best",))
+    assert [c.stock_restart for c in configs] == ["shared-store"]

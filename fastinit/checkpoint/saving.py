@@ -44,6 +44,7 @@ from fastinit.checkpoint import commit as commits
 from fastinit.checkpoint import format as fmt
 from fastinit.checkpoint._comm import CollectiveFailed, Group
 from fastinit.checkpoint.digest import DIGEST_BYTES, digest
+from fastinit.checkpoint.priority import lower_priority
 from fastinit.checkpoint.staging import Layout, Pool, copy_in
 from fastinit.checkpoint.state import (
     build_state,
@@ -942,6 +943,8 @@ def prepare(
                 fills.append(fill)
 
     def run() -> None:
+        if background:
+            lower_priority()  # its own thread, ended with this function
         _SAVER.setup(rank)
         pool = _SAVER.pool
         assert pool is not None

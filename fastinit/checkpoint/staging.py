@@ -32,6 +32,7 @@ from typing import Any
 
 from fastinit import _faults
 from fastinit.checkpoint.direct import BLOCK, round_up
+from fastinit.checkpoint.priority import lower_priority
 from fastinit.restart import launcher_pid
 
 __all__ = ["Segment", "Layout", "Slot", "Pool", "segment_name", "shm_dir", "HEADER_BYTES"]
@@ -528,6 +529,7 @@ class Pool:
                 return False
 
         def run() -> None:
+            lower_priority()  # the mirror's own thread
             seg = target
             n = end - HEADER_BYTES
             try:

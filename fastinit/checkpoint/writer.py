@@ -41,6 +41,7 @@ from fastinit.checkpoint import commit as commits
 from fastinit.checkpoint import direct
 from fastinit.checkpoint import format as fmt
 from fastinit.checkpoint.digest import digest, file_digest
+from fastinit.checkpoint.priority import lower_priority
 from fastinit.checkpoint.staging import Segment, Slot
 
 __all__ = ["Part", "WriteJob", "Written", "WriterProcess", "WriterThread", "write_job", "main"]
@@ -270,6 +271,7 @@ def commit_from_files(job: WriteJob, own: Written) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The writer process: serve jobs from the trainer over the pipe on fd ``argv[0]``."""
     argv = sys.argv[1:] if argv is None else argv
+    lower_priority(session=True)  # before its threads start: they inherit it
     conn = Connection(int(argv[0]))
     hello = conn.recv()
     for name, action in hello.get("faults", {}).items():

@@ -605,6 +605,59 @@ def test_the_writer_process_waits_for_its_first_job_to_import_torch() -> None:
         writer.proc.wait(60)
 
 
+def _nice_of(pid: int, tid: int | None = None) -> int:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat"
+    with open(path) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19, nice
+
+
+def test_the_writer_and_the_staging_threads_run_below_the_trainer() -> None:
+    """Checkpoint work beside the loop yields the CPU to the steps: the writer process runs
+    ``BACKGROUND_NICE`` below its trainer, every thread of it and its session's autogroup too
+    (where autogroup is on, a nice value ranks a thread only inside its session); a thread that
+    lowers itself leaves the others, the trainer's, as they were."""
+    from fastinit.checkpoint.priority import BACKGROUND_NICE, lower_priority
+    from fastinit.checkpoint.writer import WriterProcess
+
+    mine = _nice_of(os.getpid())
+    expect = min(19, mine + BACKGROUND_NICE)
+    writer = WriterProcess()
+    pid = writer.proc.pid
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            if all(_nice_of(pid, t) == expect for t in tids):
+                break
+            time.sleep(0.1)
+        assert {t: _nice_of(pid, t) for t in tids} == {t: expect for t in tids}
+        try:
+            with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+                autogroup = f.read().strip() == "1"
+        except OSError:
+            autogroup = False
+        if autogroup:
+            with open(f"/proc/{pid}/autogroup") as f:
+                group = f.read()
+            with open("/proc/self/autogroup") as f:
+                ours = f.read()
+            assert group.split()[0] != ours.split()[0], (group, ours)  # a session of its own
+            assert int(group.split("nice")[1]) == min(19, BACKGROUND_NICE), group
+    finally:
+        writer.close()
+        writer.proc.wait(60)
+    seen: list[int] = []
+
+    def background() -> None:
+        assert lower_priority()
+        seen.append(_nice_of(os.getpid(), threading.get_native_id()))
+
+    t = threading.Thread(target=background)
+    t.start()
+    t.join()
+    assert seen == [expect] and _nice_of(os.getpid(), threading.get_native_id()) == mine
+
+
 # -- the host-memory tier --------------------------------------------------------------------------
 
 

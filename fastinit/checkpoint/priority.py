@@ -1,0 +1,46 @@
+"""CPU priority of checkpoint work that runs beside the training loop.
+
+The writer process and the threads that fill staging buffers do work no step waits for; on a
+host whose cores the trainers keep busy they take CPU from the steps. They run at a lower
+priority, so a step that wants a core gets it first and they use what is left.
+
+Linux schedules by thread: a thread's nice value is its own (``setpriority(2)``, "BUGS"), and
+threads inherit their creator's. Where autogroup is on (``/proc/sys/kernel/sched_autogroup_enabled``),
+every session is a scheduling group of its own, and a nice value ranks a thread only inside its
+group: the writer, which leads a session of its own so that it outlives the trainer's process
+group, lowers its group's nice too (``/proc/self/autogroup``). Neither is raised again: an
+unprivileged process cannot, so the calls are made only on threads and processes that do
+nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+__all__ = ["BACKGROUND_NICE", "lower_priority"]
+
+#: How many nice steps below the trainer checkpoint work off the loop runs. At 10 a busy
+#: background thread gets about a tenth of what a busy trainer thread gets on a shared core
+#: (CFS weights 110 against 1024), and all of a core no step wants.
+BACKGROUND_NICE = 10
+
+
+def lower_priority(*, session: bool = False) -> bool:
+    """Lower the calling thread's CPU priority by :data:`BACKGROUND_NICE`; with ``session``
+    (a process that leads its own session) its autogroup's too. Best effort: returns whether
+    the thread's priority was lowered."""
+    lowered = False
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + BACKGROUND_NICE))
+        lowered = True
+    if session:
+        with contextlib.suppress(OSError, ValueError):
+            with open("/proc/self/autogroup") as f:
+                now = int(f.read().split("nice")[1])
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(min(19, now + BACKGROUND_NICE)))
+    return lowered

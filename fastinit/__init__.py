@@ -21,10 +21,13 @@ if TYPE_CHECKING:
     )
     from fastinit.pg.rendezvous import init_process_group
     from fastinit.startup import setup
+    from fastinit.tables import init_tables, pending_tables
 
 __all__ = [
     "__version__",
     "setup",
+    "init_tables",
+    "pending_tables",
     "init_process_group",
     "StartupError",
     "StartupMismatchError",
@@ -47,6 +50,8 @@ _EXPORTS = {
     "StartupMismatchError": ".errors",
     "init_process_group": ".pg.rendezvous",
     "setup": ".startup",
+    "init_tables": ".tables",
+    "pending_tables": ".tables",
     "testing": ".testing",
     "plan": ".plan",
     "planner": ".planner",

@@ -5,7 +5,8 @@ Every message goes through :class:`Channel`, on the device the process group's b
 
 1. :func:`exchange` — one ``all_gather`` of a fixed-size :class:`Record` per rank, then
    :func:`check_records`: the same error, of the same class, on every rank when any rank failed
-   or the ranks disagree (model structure, planner inputs, explicit plans, ``init_parameters``).
+   or the ranks disagree (model structure, planner inputs, explicit plans, ``init_parameters``,
+   ``init_tables``).
 2. :func:`agree_on_plan` — no message when every rank holds the same plan; otherwise one
    ``broadcast`` of the encoded plan from the first rank that holds it, checked against its digest.
 3. :func:`verify_replicas` — after construction, one ``all_reduce`` of per-tensor digests of
@@ -109,6 +110,7 @@ PLANNED = 1 << 4  # this rank ran the planner
 FROM_CACHE = 1 << 5  # the plan came from the plan cache
 SEED_GIVEN = 1 << 6  # ``seed=`` was passed (not torch.initial_seed())
 INIT_PARAMETERS = 1 << 7  # setup(init_parameters=True)
+DEFER_TABLES = 1 << 8  # setup(init_tables=False)
 
 _MASK63 = (1 << 63) - 1
 _DIGEST_MASK = (1 << 62) - 1  # digests are in [1, 2**62): negation cannot overflow int64
@@ -210,6 +212,7 @@ def build_record(
     *,
     structure: bytes,
     init_parameters: bool,
+    init_tables: bool = True,
     validate: bool = False,
     seed: int = 0,
     seed_given: bool = False,
@@ -223,6 +226,7 @@ def build_record(
     Args:
         structure: :func:`structure_of` the module (its digest and length travel).
         init_parameters: ``setup``'s ``init_parameters``.
+        init_tables: ``setup``'s ``init_tables``.
         validate: TorchRec's collective validation, as this rank resolved it.
         seed: the seed, already normalised (:func:`normalize_seed`).
         seed_given: ``seed=`` was passed (not ``torch.initial_seed()``).
@@ -243,6 +247,7 @@ def build_record(
         seed=seed,
     )
     flags = INIT_PARAMETERS if init_parameters else 0
+    flags |= 0 if init_tables else DEFER_TABLES
     flags |= (VALIDATE if validate else 0) | (SEED_GIVEN if seed_given else 0)
     if fingerprint is not None:
         record.fingerprint = fingerprint
@@ -527,7 +532,8 @@ def check_records(
 
     In order: a rank that failed before the exchange (its error class, e.g.
     :class:`~fastinit.errors.PlanMismatchError`, is raised as itself when every failing rank
-    reports the same class; otherwise :class:`StartupError`), ``init_parameters`` that differs,
+    reports the same class; otherwise :class:`StartupError`), ``init_parameters`` or
+    ``init_tables`` that differs,
     an explicit plan on some ranks only or different explicit plans, a different model structure
     (naming the first differing parameter or buffer; this gathers the ranks' structure lists,
     one extra collective on this error path only), different planner inputs.
@@ -546,6 +552,12 @@ def check_records(
         ranks = [r for r, v in enumerate(init) if v]
         raise StartupMismatchError(
             f"init_parameters=True on ranks {ranks} only; pass the same value on every rank"
+        )
+    deferred = [bool(f & DEFER_TABLES) for f in flags]
+    if len(set(deferred)) > 1:
+        ranks = [r for r, v in enumerate(deferred) if v]
+        raise StartupMismatchError(
+            f"init_tables=False on ranks {ranks} only; pass the same value on every rank"
         )
     explicit = [bool(f & EXPLICIT) for f in flags]
     if any(explicit) and not all(explicit):

@@ -172,6 +172,7 @@ def setup(
     planner: ShardingPlanner | None = None,
     plan_cache: str | os.PathLike[str] | PlanCache | Any | None = None,
     seed: int | None = None,
+    init_tables: bool = True,
 ) -> DistributedModelParallel:
     """Shard ``module`` as ``DistributedModelParallel`` would, with at most 3 start-up collectives.
 
@@ -203,6 +204,13 @@ def setup(
             ``[0, 2**63)`` it is hashed to a 63-bit value). Default: rank 0's
             ``torch.initial_seed()``. Every rank uses rank 0's seed; different explicit seeds are
             reported in a warning.
+        init_tables: False for a job that loads a checkpoint right after: the sharded
+            embedding tables are left as allocated, for the load to fill
+            (:mod:`fastinit.tables`). ``fastinit.checkpoint.load`` initialises those the
+            checkpoint lacks as this call would have; without a load, call
+            ``fastinit.init_tables(model)``. Until then the model refuses a forward and
+            ``fastinit.checkpoint.save`` refuses it. Data-parallel tables are initialised
+            either way. The same value on every rank.
 
     Returns:
         A ``torchrec.distributed.model_parallel.DistributedModelParallel``.
@@ -225,7 +233,16 @@ def setup(
         phases.rank = channel.rank
         with phases("prepare"):
             local = _prepare(
-                module, env, device, plan, sharders, planner, plan_cache, seed, init_parameters
+                module,
+                env,
+                device,
+                plan,
+                sharders,
+                planner,
+                plan_cache,
+                seed,
+                init_parameters,
+                init_tables,
             )
         with phases("exchange"):
             records = _exchange(channel, local)
@@ -246,6 +263,7 @@ def setup(
                 init_parameters,
                 data_parallel_wrapper,
                 model_tracker_configs,
+                init_tables,
             )
         with phases("verify"):
             differed = protocol.verify_replicas(
@@ -362,6 +380,7 @@ def _prepare(
     plan_cache: str | os.PathLike[str] | PlanCache | Any | None,
     seed: int | None,
     init_parameters: bool,
+    init_tables: bool = True,
 ) -> _Local:
     """Everything this rank can do alone; never raises (a failure is packed into the record)."""
     structure = protocol.structure_of(module)
@@ -397,6 +416,7 @@ def _prepare(
     local.record = protocol.build_record(
         structure=structure,
         init_parameters=init_parameters,
+        init_tables=init_tables,
         validate=found.get("validate", False),
         seed=found["seed"],
         seed_given=seed is not None,
@@ -579,10 +599,13 @@ def _construct(
     init_parameters: bool,
     data_parallel_wrapper: DataParallelWrapper | None,
     model_tracker_configs: ModelTrackerConfigs | None,
+    init_tables: bool = True,
 ) -> DistributedModelParallel:
     """TorchRec's DMP on the agreed plan, with fast sharders built from ``sharders`` and the
     agreed ``seed``: the plan's process groups only, DDP without init sync
-    (``init_data_parallel`` is left to the caller, after the verify phase)."""
+    (``init_data_parallel`` is left to the caller, after the verify phase); with
+    ``init_tables`` False, the sharded tables left pending and a forward refused until none is
+    (:mod:`fastinit.tables`)."""
     from torchrec.distributed.model_parallel import (
         DefaultDataParallelWrapper,
         DistributedModelParallel,
@@ -604,8 +627,10 @@ def _construct(
     extra: dict[str, Any] = {}
     if model_tracker_configs is not None:
         extra["model_tracker_configs"] = model_tracker_configs
-    with trace.span("fastinit.dmp"):
-        return DistributedModelParallel(
+    from fastinit.sharding.sharders import tables_deferred
+
+    with trace.span("fastinit.dmp"), tables_deferred(not init_tables):
+        model = DistributedModelParallel(
             module,
             env=env,
             device=device,
@@ -616,6 +641,22 @@ def _construct(
             data_parallel_wrapper=wrapper,
             **extra,
         )
+    if not init_tables:
+        _refuse_forward_while_pending(model)
+    return model
+
+
+def _refuse_forward_while_pending(model: nn.Module) -> None:
+    """A forward pre-hook that raises while tables are pending and removes itself once none is."""
+    from fastinit import tables
+
+    def hook(module: nn.Module, args: Any) -> None:
+        message = tables.refuse_pending(module, "forward")
+        if message is not None:
+            raise StartupError(message)
+        handle.remove()
+
+    handle = model.register_forward_pre_hook(hook)
 
 
 class _NoDataParallel:

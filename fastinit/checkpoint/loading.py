@@ -48,6 +48,7 @@ from fastinit.checkpoint.reader import Counts, Source, VerifiedReader
 from fastinit.checkpoint.reshard import overlap_volume, overlapping
 from fastinit.checkpoint.state import build_state, entry_of, flat_state, is_sharded
 from fastinit.plan.layout import ShardRun
+from fastinit.tables import tables_loaded
 
 if TYPE_CHECKING:
     from torch import nn
@@ -89,6 +90,9 @@ class LoadReport:
     save_id: str = ""
     verify_s: float = 0.0
     """Seconds of the load spent checking digests (the cost of the checksums)."""
+    initialised: list[str] = dataclasses.field(default_factory=list)
+    """Tables ``fastinit.setup(init_tables=False)`` left pending that the checkpoint does not
+    hold: initialised after the load as ``setup`` would have (:mod:`fastinit.tables`)."""
 
     @property
     def tier(self) -> str:
@@ -855,6 +859,8 @@ def load(
     if error is not None:
         raise error
     assert report is not None
+    # tables left for this load: those it wrote are done, those it lacks get setup's values
+    report.initialised = tables_loaded(model, report.missing)
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -64,6 +64,7 @@ from fastinit.checkpoint.writer import (
     commit_written,
 )
 from fastinit.restart import launcher_pid
+from fastinit.tables import refuse_pending
 
 if TYPE_CHECKING:
     from torch import nn
@@ -79,6 +80,7 @@ _PROBLEMS = {
     3: "the directory holds a stock DCP checkpoint",
     4: "a save of this process into the directory is in flight",
     5: "preparing the state failed",
+    6: "tables fastinit.setup(init_tables=False) left are not initialised yet",
 }
 # The verdict rank 0 broadcasts.
 _COMMITTED, _RANK_FAILED, _MARKER_FAILED, _TAKEN = 1, 2, 3, 4
@@ -708,6 +710,9 @@ def save(
     try:
         path, meta = _check_input(checkpoint_dir, optimizers, metadata)
         _check_directory(path)
+        pending = refuse_pending(model, f"saving {path}")
+        if pending is not None:
+            raise _Refused(6, pending)
         try:
             state = build_state(model, optimizers)
         except Exception as e:  # noqa: BLE001 - reported on every rank

@@ -22,7 +22,10 @@ Everything else (input/output dists, state_dict hooks, the optimizers' arithmeti
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -45,12 +48,33 @@ __all__ = [
     "FastEmbeddingBagCollectionSharder",
     "FastEmbeddingCollectionSharder",
     "fast_sharders",
+    "tables_deferred",
 ]
 
 
 _VIRTUAL_KERNELS = frozenset(
     {"key_value", "ssd_virtual_table", "dram_virtual_table", "dram_ssd_virtual_table"}
 )
+
+
+#: Set while ``fastinit.setup(init_tables=False)`` constructs (this context only): the fast
+#: sharded modules leave their sharded tables as allocated, for a checkpoint load to fill
+#: (:mod:`fastinit.tables`).
+_DEFER_TABLES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "fastinit_defer_tables", default=False
+)
+
+
+@contextlib.contextmanager
+def tables_deferred(defer: bool = True) -> Iterator[None]:
+    """Within the block (this context), fast sharded modules built with ``defer`` initialise
+    only their data-parallel tables (replicated values are verified at construction) and leave
+    the others pending (``_fastinit_pending``)."""
+    token = _DEFER_TABLES.set(defer)
+    try:
+        yield
+    finally:
+        _DEFER_TABLES.reset(token)
 
 
 _EBC_INIT_DP = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection.init_data_parallel"
@@ -96,19 +120,32 @@ class _FastStateMixin:
     def _fastinit_configs(self) -> list[Any]:
         raise NotImplementedError
 
-    def reset_parameters(self) -> None:
-        """Initialise every local piece of every table from its ``(seed, table FQN)`` blocks."""
+    _fastinit_pending: frozenset[str] = frozenset()
+    """Tables left for a checkpoint load (``setup(init_tables=False)``), by name."""
+
+    def _fastinit_tables(self) -> list[tuple[Any, Any]]:
+        """``(config, parameter sharding)`` of every table fastinit initialises."""
+        plan = self.module_sharding_plan  # type: ignore[attr-defined]
+        tables = []
+        for config in self._fastinit_configs():
+            ps = plan.get(config.name)
+            if ps is None or ps.compute_kernel in _VIRTUAL_KERNELS or config.init_fn is None:
+                continue
+            tables.append((config, ps))
+        return tables
+
+    def reset_parameters(self, tables: Collection[str] | None = None) -> None:
+        """Initialise every local piece of every table (or of ``tables``, by name) from its
+        ``(seed, table FQN)`` blocks; those are no longer pending."""
         device = getattr(self, "_device", None)
         if device is not None and device.type == "meta":
             return
         if getattr(self, "_fastinit_building", False):
             return  # TorchRec calls it inside __init__; the fast sharder calls it once after
-        plan = self.module_sharding_plan  # type: ignore[attr-defined]
         seed = getattr(self, "_fastinit_seed", 0)
         prefix = f"{self._fastinit_fqn}." if getattr(self, "_fastinit_fqn", "") else ""
-        for config in self._fastinit_configs():
-            ps = plan.get(config.name)
-            if ps is None or ps.compute_kernel in _VIRTUAL_KERNELS or config.init_fn is None:
+        for config, _ in self._fastinit_tables():
+            if tables is not None and config.name not in tables:
                 continue
             seeding.init_table_shards(
                 config.init_fn,
@@ -118,6 +155,21 @@ class _FastStateMixin:
                 data_type_to_dtype(config.data_type),
                 _trc.table_pieces(self, config.name),
             )
+        self._fastinit_pending = (
+            frozenset() if tables is None else self._fastinit_pending - frozenset(tables)
+        )
+
+    def _fastinit_initialise(self) -> None:
+        """After construction: every table, or with :func:`tables_deferred` the data-parallel
+        ones only, the others left pending."""
+        device = getattr(self, "_device", None)
+        if not _DEFER_TABLES.get() or (device is not None and device.type == "meta"):
+            self.reset_parameters()
+            return
+        tables = self._fastinit_tables()
+        replicated = [c.name for c, ps in tables if ps.sharding_type == "data_parallel"]
+        self.reset_parameters(replicated)
+        self._fastinit_pending = frozenset(c.name for c, _ in tables) - frozenset(replicated)
 
 
 class FastShardedEmbeddingBagCollection(_FastStateMixin, ShardedEmbeddingBagCollection):
@@ -252,7 +304,7 @@ def _construct(cls: Any, seed: int, module_fqn: str | None, **kwargs: Any) -> An
             sharded.__init__(module_fqn=module_fqn, **kwargs)
     finally:
         sharded._fastinit_building = False
-    sharded.reset_parameters()
+    sharded._fastinit_initialise()
     return sharded
 
 

@@ -52,6 +52,7 @@ def _build(
     seed: int,
     spec_kwargs: dict[str, Any] | None = None,
     fused: str = "rowwise",
+    init_tables: bool = True,
 ) -> Any:
     import torch
     import torch.distributed as dist
@@ -75,7 +76,7 @@ def _build(
         EmbeddingBagCollectionSharder(fused_params=dict(params)),
         EmbeddingCollectionSharder(fused_params=dict(params)),
     ]
-    model = fastinit.setup(module, plan=plan, sharders=sharders, seed=seed)
+    model = fastinit.setup(module, plan=plan, sharders=sharders, seed=seed, init_tables=init_tables)
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adam(params, lr=0.01),

@@ -89,8 +89,8 @@ def test_no_import_circle_in_fastinit() -> None:
 # to ``plan``; ``fastinit`` itself is the package face) and imports from its own layer or below,
 # never from above; within a layer, without a circle (above).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # base: errors, knobs, the tracer, what TorchRec must have and the port registry, seeding,
-    # the named points where a test injects a failure, the package faces' lazy-import helper, the
+    # base: errors, knobs, the tracer, what TorchRec must have and the port registry, seeding and
+    # the tables left for a checkpoint load, the named points where a test injects a failure, the package faces' lazy-import helper, the
     # restart launcher (its zygote forks workers; checkpoints ask it who launched this worker)
     (
         "errors",
@@ -100,6 +100,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ports",
         "_port_hashes",
         "seeding",
+        "tables",
         "_faults",
         "_lazy",
         "restart",

@@ -173,7 +173,7 @@ def test_setup_takes_every_parameter_of_distributed_model_parallel_in_order() ->
     stock = list(inspect.signature(DistributedModelParallel.__init__).parameters)[1:]
     ours = list(inspect.signature(setup).parameters)
     assert ours[: len(stock)] == stock, (ours, stock)
-    assert ours[len(stock) :] == ["planner", "plan_cache", "seed"]
+    assert ours[len(stock) :] == ["planner", "plan_cache", "seed", "init_tables"]
 
 
 def test_plan_key_is_the_key_setup_uses() -> None:

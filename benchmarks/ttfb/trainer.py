@@ -431,8 +431,16 @@ class _Trainer:
                 if self.config.cache_dir and self.config.fastinit_parts != "setup"
                 else None
             )
+            # A resume fills every sharded table from the checkpoint: their random values would
+            # be thrown away (fastinit.tables); fastinit's load takes them off the list.
+            resuming = self.resume_from is not None and self.config.checkpointer == "mode"
             model = fastinit.setup(
-                module, device=device, sharders=sharders, plan_cache=plan_cache, seed=0
+                module,
+                device=device,
+                sharders=sharders,
+                plan_cache=plan_cache,
+                seed=0,
+                init_tables=not resuming,
             )
         dense = KeyedOptimizerWrapper(
             dict(in_backward_optimizer_filter(model.named_parameters())),

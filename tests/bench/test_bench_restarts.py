@@ -241,6 +241,20 @@ def test_failure_cause_is_the_workers_first_error() -> None:
     assert restarts.failure_cause("", "failed") == ""
 
 
+def _failing_runs(monkeypatch, *modules) -> list:
+    """The ``RunSpec`` of every run the ``run_trainer`` of ``modules`` is asked for; each fails,
+    as a restart that did not come back."""
+    specs = []
+
+    def fake_run(spec):
+        specs.append(spec)
+        raise RuntimeError("run failed (exit code 1)")
+
+    for module in modules:
+        monkeypatch.setattr(module, "run_trainer", fake_run)
+    return specs
+
+
 def test_the_recover_scenario_runs_with_max_restarts_1_on_both_launchers(
     tmp_path, monkeypatch
 ) -> None:
@@ -251,13 +265,7 @@ def test_the_recover_scenario_runs_with_max_restarts_1_on_both_launchers(
     from benchmarks.ttfb.launch import _torchrun
     from benchmarks.ttfb.scenarios import Layout
 
-    specs = []
-
-    def fake_run(spec):
-        specs.append(spec)
-        raise RuntimeError("run failed (exit code 1)")
-
-    monkeypatch.setattr(ttfb, "run_trainer", fake_run)
+    specs = _failing_runs(monkeypatch, ttfb)
     for launcher in ("torchrun", "torchx"):
         config = ttfb.BenchConfig(models=("tiny",), out=str(tmp_path), launcher=launcher)
         layout = Layout(root=str(tmp_path / launcher), mode="fastinit")
@@ -341,18 +349,13 @@ def test_stock_restarts_get_a_store_per_round_unless_told_otherwise(tmp_path, mo
     import pytest
 
     import benchmarks.ttfb.heavy as heavy
+    import benchmarks.ttfb.launch as launch
     import benchmarks.ttfb.main as ttfb
     from benchmarks.restarts import main as restarts_main
     from benchmarks.ttfb.launch import RunSpec, _env
     from benchmarks.ttfb.scenarios import Layout
 
-    specs = []
-
-    def fake_run(spec):
-        specs.append(spec)
-        raise RuntimeError("run failed (exit code 1)")
-
-    monkeypatch.setattr(ttfb, "run_trainer", fake_run)
+    specs = _failing_runs(monkeypatch, ttfb, launch)
     for choice in ("store-per-round", "shared-store"):
         config = ttfb.BenchConfig(models=("tiny",), out=str(tmp_path), stock_restart=choice)
         for mode in ("stock-best", "fastinit"):
@@ -366,10 +369,7 @@ def test_stock_restarts_get_a_store_per_round_unless_told_otherwise(tmp_path, mo
         ("fastinit", None),
     ]
     # the checkpoint-heavy scenario: the same choice per checkpointer
-    import benchmarks.ttfb.launch as launch
-
     specs.clear()
-    monkeypatch.setattr(launch, "run_trainer", fake_run)
     config = ttfb.BenchConfig(models=(), out=str(tmp_path / "h"), heavy_repeats=1)
     out = heavy.run(config, labels=["stock-best", "fastinit"], model="tiny")
     assert set(out["not_recovered"]) == {"stock-best", "fastinit"}

@@ -38,7 +38,7 @@ BENCH_ARGS ?=
 # counts and equivalence on 1.9.2), the CPU vector-ISA record, and a checkpoint crossing the two
 # stacks both ways (it needs both environments: this lane runs after the default one), torchrun
 # restarts (fastinit.init_process_group on torch 2.14's rendezvous), saves by touched rows (hooks
-# on FBGEMM 1.9's table modules); the rest
+# on FBGEMM 1.9's table modules), tables left for a load (TorchRec 1.9's sharded modules); the rest
 # of the suite runs on the default stack.
 STACK_TESTS_1.9 := tests/startup/test_setup.py tests/startup/test_seeding.py \
   tests/startup/test_protocol.py tests/planner/test_planner.py tests/warmup/test_warmup.py \
@@ -48,7 +48,8 @@ STACK_TESTS_1.9 := tests/startup/test_setup.py tests/startup/test_seeding.py \
   tests/compat/test_installed_release.py tests/startup/test_nccl_ready.py \
   tests/sharding/test_table_errors.py tests/tools/test_patches.py tests/warmup/test_vec_isa.py \
   tests/checkpoint/test_checkpoint_stacks.py tests/checkpoint/test_touched.py \
-  tests/pg/test_restart.py tests/restart/test_restart_launcher.py
+  tests/checkpoint/test_init_tables.py tests/pg/test_restart.py \
+  tests/restart/test_restart_launcher.py
 TESTS := $(if $(filter 1.8,$(STACK)),,$(STACK_TESTS_$(STACK)))
 
 $(STAMP): $(REQ)/$(FLAVOR).txt $(REQ)/torchrec.txt requirements/common.txt pyproject.toml

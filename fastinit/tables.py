@@ -73,10 +73,10 @@ def tables_loaded(model: nn.Module, missing: Collection[str]) -> list[str]:
     for m in _pending(model):
         prefix = _prefix(m)
         left = [n for n in m._fastinit_pending if absent.intersection(_weight_keys(prefix, n))]
-        m._fastinit_pending = frozenset(left)
         if left:
             m.reset_parameters(left)
             initialised.extend(prefix + n for n in sorted(left))
+        m._fastinit_pending = frozenset()
     return initialised
 
 

@@ -27,15 +27,20 @@ __all__ = ["BACKGROUND_NICE", "lower_priority"]
 BACKGROUND_NICE = 10
 
 
-def lower_priority(*, session: bool = False) -> bool:
-    """Lower the calling thread's CPU priority by :data:`BACKGROUND_NICE`; with ``session``
-    (a process that leads its own session) its autogroup's too. Best effort: returns whether
-    the thread's priority was lowered."""
+def lower_priority(*, session: bool = False, below: int | None = None) -> bool:
+    """Set the calling thread's CPU priority :data:`BACKGROUND_NICE` below its own, or below
+    that of thread or process ``below`` (the writer: its trainer's, whatever thread of the
+    trainer started it and so whatever nice it inherited); with ``session`` (a process that
+    leads its own session) lower its autogroup's too. Best effort: returns whether the thread's
+    priority is there."""
     lowered = False
     with contextlib.suppress(OSError, AttributeError):
         tid = threading.get_native_id()
         now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + BACKGROUND_NICE))
+        base = now if below is None else os.getpriority(os.PRIO_PROCESS, below)
+        target = min(19, base + BACKGROUND_NICE)
+        if target > now:  # never raised (an unprivileged process cannot)
+            os.setpriority(os.PRIO_PROCESS, tid, target)
         lowered = True
     if session:
         with contextlib.suppress(OSError, ValueError):

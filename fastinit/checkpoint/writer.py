@@ -271,7 +271,9 @@ def commit_from_files(job: WriteJob, own: Written) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The writer process: serve jobs from the trainer over the pipe on fd ``argv[0]``."""
     argv = sys.argv[1:] if argv is None else argv
-    lower_priority(session=True)  # before its threads start: they inherit it
+    # below its trainer's main thread (started by a thread that may have lowered itself),
+    # before its own threads start: they inherit it
+    lower_priority(session=True, below=os.getppid())
     conn = Connection(int(argv[0]))
     hello = conn.recv()
     for name, action in hello.get("faults", {}).items():

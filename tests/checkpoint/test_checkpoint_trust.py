@@ -581,22 +581,28 @@ def test_writer_process_outlives_trainers_and_waits_are_bounded(tmp_path: Any) -
     assert not set(_writers_of(root)) - before
 
 
+def _wait_idle(writer: Any) -> None:
+    """Until the writer is idle: blocked reading its pipe twice in a row (its start-up done, the
+    hello read)."""
+    pid, fd = writer.proc.pid, int(writer.proc.args[-1])
+    idle, deadline, call = 0, time.monotonic() + 120, []
+    while idle < 2 and time.monotonic() < deadline:
+        with open(f"/proc/{pid}/syscall") as f:
+            call = f.read().split()
+        idle = idle + 1 if call[1:2] == [hex(fd)] else 0  # read or poll of its pipe
+        time.sleep(0.2)
+    assert idle == 2, f"the writer never waited on its pipe ({call})"
+
+
 def test_the_writer_process_waits_for_its_first_job_to_import_torch() -> None:
     """A writer starts beside its trainer's start-up; torch and DCP (2 s of CPU) load only with
     its first job, so they do not slow a restart's start-up."""
     from fastinit.checkpoint.writer import WriterProcess
 
     writer = WriterProcess()
-    pid, fd = writer.proc.pid, int(writer.proc.args[-1])
+    pid = writer.proc.pid
     try:
-        # Idle: blocked reading its pipe twice in a row (the hello is already read by then).
-        idle, deadline = 0, time.monotonic() + 120
-        while idle < 2 and time.monotonic() < deadline:
-            with open(f"/proc/{pid}/syscall") as f:
-                call = f.read().split()
-            idle = idle + 1 if call[1:2] == [hex(fd)] else 0  # read or poll of its pipe
-            time.sleep(0.2)
-        assert idle == 2, f"the writer never waited on its pipe ({call})"
+        _wait_idle(writer)
         with open(f"/proc/{pid}/maps") as f:
             loaded = f.read()
         assert "libtorch" not in loaded and writer.alive()
@@ -656,6 +662,25 @@ def test_the_writer_and_the_staging_threads_run_below_the_trainer() -> None:
     t.start()
     t.join()
     assert seen == [expect] and _nice_of(os.getpid(), threading.get_native_id()) == mine
+
+    # A writer started by a thread that lowered itself (``prepare``'s) is still set against
+    # the trainer, not 10 below that thread.
+    started: list[Any] = []
+
+    def start_writer() -> None:
+        lower_priority()
+        started.append(WriterProcess())
+
+    t = threading.Thread(target=start_writer)
+    t.start()
+    t.join()
+    writer = started[0]
+    try:
+        _wait_idle(writer)  # its own lowering done (it inherited ``expect`` already)
+        assert _nice_of(writer.proc.pid) == expect
+    finally:
+        writer.close()
+        writer.proc.wait(60)
 
 
 # -- the host-memory tier --------------------------------------------------------------------------

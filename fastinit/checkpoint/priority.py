@@ -11,15 +11,19 @@ group: the writer, which leads a session of its own so that it outlives the trai
 group, lowers its group's nice too (``/proc/self/autogroup``). Neither is raised again: an
 unprivileged process cannot, so the calls are made only on threads and processes that do
 nothing else.
+
+A process in the boot session's group (a container's processes that never called ``setsid``)
+reads an empty ``/proc/self/autogroup``: that group has no nice of its own to lower.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 
-__all__ = ["BACKGROUND_NICE", "lower_priority"]
+__all__ = ["BACKGROUND_NICE", "autogroup_nice", "lower_priority"]
 
 #: How many nice steps below the trainer checkpoint work off the loop runs. At 10 a busy
 #: background thread gets about a tenth of what a busy trainer thread gets on a shared core
@@ -43,9 +47,17 @@ def lower_priority(*, session: bool = False, below: int | None = None) -> bool:
             os.setpriority(os.PRIO_PROCESS, tid, target)
         lowered = True
     if session:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError):
             with open("/proc/self/autogroup") as f:
-                now = int(f.read().split("nice")[1])
-            with open("/proc/self/autogroup", "w") as f:
-                f.write(str(min(19, now + BACKGROUND_NICE)))
+                group = autogroup_nice(f.read())
+            if group is not None:
+                with open("/proc/self/autogroup", "w") as f:
+                    f.write(str(min(19, group + BACKGROUND_NICE)))
     return lowered
+
+
+def autogroup_nice(text: str) -> int | None:
+    """The nice value in a ``/proc/<pid>/autogroup`` text (``/autogroup-42 nice 0``), or None
+    where it shows none (the boot session's group, which the kernel does not list)."""
+    m = re.search(r"\bnice\s+(-?\d+)", text)
+    return int(m.group(1)) if m else None

@@ -32,6 +32,16 @@ PLAN = {
 }
 
 
+def _nice(tid: int | None = None) -> int:
+    """The nice value of thread ``tid`` of this process (None: the calling thread)."""
+    import os
+    import threading
+
+    tid = threading.get_native_id() if tid is None else tid
+    with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19, nice
+
+
 def _save(path: str, model: Any, opts: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     from fastinit import checkpoint
     from tests.checkpoint.test_checkpoint import _local
@@ -251,6 +261,7 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
     import os
     import threading
 
+    from fastinit.checkpoint.priority import BACKGROUND_NICE
     from fastinit.checkpoint.staging import HEADER_BYTES, Layout, Pool
 
     pool = Pool(0, keep_tier=True, shared=True)
@@ -268,15 +279,19 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
         def finish(segment: Any) -> None:
             release.wait(30)  # the copy is made; its end waits for the timer below
             segment.touched = "mirrored"
-            done.append((segment, threading.current_thread().name))
+            done.append(
+                (segment, threading.current_thread().name, _nice(threading.get_native_id()))
+            )
 
         assert pool.mirror(first, size, finish)
         threading.Timer(0.3, release.set).start()
         # The next save's buffer, asked for while the copy is still going: the copy's buffer,
         # once complete (without the wait, a third buffer, or one half-copied).
         second = pool.acquire(layout, "b" * 32, {"job": "test"})
-        ((spare, thread),) = done
+        ((spare, thread, nice),) = done
         assert thread == "fastinit-checkpoint-mirror" and spare is not first
+        # the copy ran below the caller (fastinit/checkpoint/priority.py), and only the copy
+        assert nice == min(19, _nice() + BACKGROUND_NICE), nice
         assert second is spare and len(pool.buffers()) == 2
         assert bytes(second.mm[HEADER_BYTES:size]) == payload
         pool.settle("a" * 32, committed=True)  # the first buffer becomes the tier
@@ -306,6 +321,8 @@ def _prefill_rank(root: str) -> dict[str, Any]:
         for i in range(3):
             _train(model, opts, seed=10 + i, spec=SPEC)
         out["alive"].append(thread is not None and thread.is_alive())
+        if thread is not None and thread.is_alive():  # its fill sleeps: still there to look at
+            out["nice"] = (_nice(thread.native_id), _nice())
         for name in ("p0", "p1", "p2"):
             _train(model, opts, seed=20 + len(states), spec=SPEC)
             handle, states[name] = _save(f"{root}/{name}", model, opts)
@@ -317,11 +334,16 @@ def _prefill_rank(root: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(600)
 def test_prepare_fills_the_buffers_so_the_first_saves_copy_rows(tmp_path: Any) -> None:
-    """``checkpoint.prepare`` copies the state into both staging buffers on its thread while
-    the loop trains: the first save and the next (the other buffer) copy only the rows
-    trained since, and every checkpoint is the state at its save, bit for bit."""
+    """``checkpoint.prepare`` copies the state into both staging buffers on its thread, below
+    the loop's priority, while the loop trains: the first save and the next (the other buffer)
+    copy only the rows trained since, and every checkpoint is the state at its save, bit for
+    bit."""
+    from fastinit.checkpoint.priority import BACKGROUND_NICE
+
     for out in run_ranks(_prefill_rank, 2, args=(str(tmp_path),), timeout=540):
         assert out["alive"] == [True]  # the steps ran while the fill was still going
+        staging, caller = out["nice"]  # the fill's thread below the loop's, which is untouched
+        assert staging == min(19, caller + BACKGROUND_NICE), out["nice"]
         assert all(not d for d in out["diffs"].values()), out["diffs"]
         for name, copied, staged in out["saves"]:
             assert 0 < copied < staged / 4, (name, copied, staged)

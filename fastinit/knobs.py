@@ -68,6 +68,11 @@ KNOBS: dict[str, str] = {
     "FASTINIT_CHECKPOINT_DELTA": "`on` (default): a save copies only the rows of fused CPU "
     "tables that training touched since its buffer's last copy (fastinit/checkpoint/touched.py); "
     "`off`: every save copies the whole state.",
+    "FASTINIT_CHECKPOINT_AHEAD": "`on` (default, with `FASTINIT_CHECKPOINT_DELTA=on`): between "
+    "saves, a thread below the trainer's priority copies the rows training touched into the "
+    "staging buffer the next save takes, so that save copies only the rows of its last steps; "
+    "it costs one more staging buffer (three with the tier: the state's size once more in "
+    "/dev/shm). `off`: no copy ahead, no extra buffer.",
     "FASTINIT_RESTART_ZYGOTE": "`on` (default): a worker launched with `python -m fastinit.restart` "
     "under torchrun leaves a zygote per local rank that forks its restarted successor with the "
     "preload modules already imported; `off`: every restart starts a fresh interpreter.",
@@ -135,6 +140,11 @@ def get_checkpoint_staging() -> str:
 def get_checkpoint_delta() -> bool:
     """Whether saves copy only touched rows (``FASTINIT_CHECKPOINT_DELTA``: ``on``/``off``)."""
     return _on("FASTINIT_CHECKPOINT_DELTA")
+
+
+def get_checkpoint_ahead() -> bool:
+    """Whether touched rows are copied ahead between saves (``FASTINIT_CHECKPOINT_AHEAD``)."""
+    return _on("FASTINIT_CHECKPOINT_AHEAD")
 
 
 def get_restart_zygote() -> bool:

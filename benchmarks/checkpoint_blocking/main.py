@@ -222,6 +222,7 @@ def _fastinit_saves(
                     "stage_s": handle.stage_s,
                     "staged_bytes": handle.staged_bytes,
                     "copied_bytes": handle.copied_bytes,
+                    "ahead_bytes": handle.ahead_bytes,
                     "wait_s": wait_s,
                     "writer_s": written.seconds if written is not None else None,
                     "digest_s": written.digest_s if written is not None else None,

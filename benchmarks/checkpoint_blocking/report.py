@@ -96,18 +96,20 @@ def format_saves(summary: Mapping[str, Any]) -> str:
     """Every save of every saver: blocking, per GB, against the warm copy timed before it."""
     head = (
         "| saver | save | blocking s | s / GB | warm copy s (just before) | blocking / warm copy "
-        "| staging copy s | copied MB | writer s | checksums s | written (wait) s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| staging copy s | copied MB | ahead MB | writer s | checksums s | written (wait) s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for key, name in SAVERS:
         for s in summary.get(key) or []:
             done = s.get("wait_s", s.get("written_s"))
             copied = s.get("copied_bytes")
+            ahead = s.get("ahead_bytes")
             lines.append(
                 f"| {name} | {s['save']} | {_f(s['blocking_s'])} | {_f(s['blocking_s_per_gb'])} "
                 f"| {_f(s['warm_copy_s'])} | **{_f(s['vs_warm_copy'], 2)}** "
                 f"| {_f(s.get('stage_s'))} | {_f(None if copied is None else copied / 1e6, 0)} "
+                f"| {_f(None if ahead is None else ahead / 1e6, 0)} "
                 f"| {_f(s.get('writer_s'), 2)} | {_f(s.get('digest_s'), 2)} | {_f(done, 2)} |"
             )
     return head + "\n".join(lines) + "\n"
@@ -189,7 +191,9 @@ def markdown(summary: Mapping[str, Any], command: str = "") -> str:
         "(fastinit: `wait`, the verdict). copied MB: what fastinit's staging copy moved: only "
         "the rows the steps since its buffer's last copy (or `prepare`'s fill) touched, where few "
         "enough were "
-        "(fastinit/checkpoint/touched.py); the other savers copy every byte.\n",
+        "(fastinit/checkpoint/touched.py); the other savers copy every byte. ahead MB: the "
+        "touched rows fastinit copied into the buffer ahead of the save, off the loop, since the "
+        "previous save (`FASTINIT_CHECKPOINT_AHEAD`).\n",
         format_saves(summary),
         f"\nfastinit's `prepare` (buffers allocated and filled with the state, the writer "
         "started; off the loop): "

@@ -183,6 +183,7 @@ def _per_save(
                 "commit_s": max(float(r.get("commit_s", _nan())) for r in recs),
                 "stage_s": max(float(r.get("stage_s", _nan())) for r in recs),
                 "copied_bytes": float(worst.get("copied_bytes", _nan())),
+                "ahead_bytes": float(worst.get("ahead_bytes", _nan())),
                 "agree_s": float(worst.get("agree_s", _nan())),
                 "writer_s": max(float(r.get("writer_s", _nan())) for r in recs),
                 "writer_cpu_s": max(float(r.get("writer_cpu_s", _nan())) for r in recs),
@@ -464,13 +465,14 @@ def section(summary: Mapping[str, Any]) -> str:
         "the save's start message for the last rank to arrive; writer s: from the job to its "
         "report, of which paced s asleep to keep to `FASTINIT_CHECKPOINT_WRITE_RATE`; copied MB: what "
         "the staging copy moved (fastinit copies only the rows trained since its buffer's last "
-        "copy, where few enough were); commit: from the save to its commit):\n"
+        "copy, where few enough were); ahead MB: the touched rows fastinit copied into that buffer "
+        "off the loop since the previous save; commit: from the save to its commit):\n"
     )
     text.append(
         "| checkpointer | run | attempt | step | blocking s | s / GB | warm copy s | "
-        "blocking / warm copy | peers s | staging copy s | copied MB | writer s | paced s | "
-        "writer CPU s | checksums s | commit s |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "blocking / warm copy | peers s | staging copy s | copied MB | ahead MB | writer s | "
+        "paced s | writer CPU s | checksums s | commit s |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for lb in labels:
         for s in results[lb]["saves"]:
@@ -480,6 +482,7 @@ def section(summary: Mapping[str, Any]) -> str:
                 f"| {_f(s['warm_copy_s'], 3)} | **{_f(s['vs_warm_copy'])}** "
                 f"| {_f(s.get('agree_s', _nan()), 3)} "
                 f"| {_f(s['stage_s'], 3)} | {_f(s.get('copied_bytes', _nan()) / 1e6, 0)} "
+                f"| {_f(s.get('ahead_bytes', _nan()) / 1e6, 0)} "
                 f"| {_f(s['writer_s'])} "
                 f"| {_f(s.get('writer_paced_s', _nan()))} "
                 f"| {_f(s.get('writer_cpu_s', _nan()))} | {_f(s['digest_s'])} "

@@ -237,6 +237,7 @@ class Saver:
             self._manager.wait()
             self._record["staged_bytes"] = pending.staged_bytes
             self._record["copied_bytes"] = pending.copied_bytes
+            self._record["ahead_bytes"] = pending.ahead_bytes
             self._record["stage_s"] = pending.stage_s
             written = pending.written
             if written is not None:

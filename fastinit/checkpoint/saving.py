@@ -109,6 +109,8 @@ class _Saver:
         self._exit_hook = False
         self.touched: Touched | None = None
         """The rows training touched since each buffer's last copy (None: copy whole)."""
+        self.ahead_seen = 0
+        """``touched.ahead_bytes`` at the last save."""
 
     def setup(self, rank: int) -> None:
         """Make the pool and start the writer (once)."""
@@ -123,7 +125,9 @@ class _Saver:
                 tier_limit=tier,
                 shared=mode == "process",
                 reuse=mode != "off",
+                spare=_copies_ahead(),
             )
+            self.pool.quiet = _quiet
             if mode == "process" and not self.pool.shared:
                 mode = "thread"
             self.mode = mode
@@ -168,6 +172,8 @@ class _Saver:
                 and knobs.get_checkpoint_delta()
             ):
                 self.touched = Touched()
+                if knobs.get_checkpoint_ahead():
+                    self.touched.copy_ahead(_ahead_buffers)
             return self.touched
 
     def owner(self) -> dict[str, Any]:
@@ -191,6 +197,25 @@ class _Saver:
 
 
 _SAVER = _Saver()
+
+
+def _copies_ahead() -> bool:
+    """Whether touched rows are copied ahead between saves (into a spare buffer)."""
+    return (
+        knobs.get_checkpoint_ahead()
+        and knobs.get_checkpoint_delta()
+        and knobs.get_checkpoint_staging() != "off"
+    )
+
+
+def _ahead_buffers() -> list[Any]:
+    pool = _SAVER.pool
+    return [] if pool is None else pool.ahead_buffers()
+
+
+def _quiet() -> Any:
+    touched = _SAVER.touched
+    return contextlib.nullcontext() if touched is None else touched.paused()
 
 
 def _at_exit() -> None:
@@ -244,6 +269,7 @@ def close() -> None:
         if _SAVER.touched is not None:
             _SAVER.touched.close()
             _SAVER.touched = None
+        _SAVER.ahead_seen = 0
 
 
 # -- what a save writes ---------------------------------------------------------------------------
@@ -405,6 +431,8 @@ class SaveHandle:
             replicated values).
         copied_bytes: of those, the bytes the staging copy moved: less than ``staged_bytes``
             where only the rows training touched were copied (``FASTINIT_CHECKPOINT_DELTA``).
+        ahead_bytes: bytes of touched rows copied ahead, off the loop, since the previous save
+            (``FASTINIT_CHECKPOINT_AHEAD``): the work the staging copy did not have to do.
         wait_s: seconds :meth:`wait` held the caller.
         committed: True once :meth:`wait` returned.
         written: the writer's report (bytes, seconds), once waited.
@@ -418,6 +446,7 @@ class SaveHandle:
         self.stage_s = 0.0
         self.staged_bytes = 0
         self.copied_bytes = 0
+        self.ahead_bytes = 0
         self.wait_s = 0.0
         self.committed = False
         self.written: Written | None = None
@@ -827,9 +856,10 @@ def _stage_and_submit(
     _SAVER.ensure_writer()
     pool.owner = _SAVER.owner()  # its writer may have been started again since
     t = time.perf_counter()
-    segment = pool.acquire(staged.layout, handle.save_id, pool.owner)
-    writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
     touched = _SAVER.tracker() if pool.reuse else None
+    ahead = touched.ahead_segment() if touched is not None else None
+    segment = pool.acquire(staged.layout, handle.save_id, pool.owner, prefer=ahead)
+    writer = _SAVER.ensure_writer()  # the buffer may have fallen back to private memory
     if touched is not None:
         touched.attach(model)
         copied = touched.copy_in(segment, staged.layout, [x for _, _, x in staged.tensors])
@@ -846,6 +876,9 @@ def _stage_and_submit(
     handle.stage_s = time.perf_counter() - t
     handle.staged_bytes = staged.layout.data_bytes
     handle.copied_bytes = copied
+    if touched is not None:
+        handle.ahead_bytes = touched.ahead_bytes - _SAVER.ahead_seen
+        _SAVER.ahead_seen = touched.ahead_bytes
     job = _job_of(
         staged,
         model,
@@ -942,7 +975,8 @@ def prepare(
         touched.attach(model)  # on the caller's thread: the hooks are on before its next step
         # What each buffer's prefill will hold, fixed here: rows touched from now on are
         # recorded, and the first save into it copies only those.
-        for _ in range(2):  # at most two buffers: the one a save takes and the tier's
+        # at most three buffers: the one a save takes, the tier's and the spare one
+        for _ in range(3 if _copies_ahead() else 2):
             fill = touched.begin(staged.layout, tensors)
             if fill is not None:
                 fills.append(fill)

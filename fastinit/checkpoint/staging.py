@@ -344,6 +344,8 @@ class Pool:
         shared: buffers in /dev/shm (another process can map them); False: this process's
             own memory.
         reuse: keep buffers for the next save; False: free each once its save is settled.
+        spare: one buffer more, so that one is free between saves even while the last save
+            is in flight and the one before it is the tier (rows are copied ahead into it).
     """
 
     def __init__(
@@ -354,9 +356,14 @@ class Pool:
         tier_limit: int | None = None,
         shared: bool = True,
         reuse: bool = True,
+        spare: bool = False,
     ) -> None:
         self.rank = rank
         self.keep_tier = keep_tier
+        self.spare = spare and reuse
+        self.quiet: Callable[[], Any] = contextlib.nullcontext
+        """A context inside which nothing else writes a free buffer (rows copied ahead):
+        entered wherever a buffer is handed out, freed or unmapped."""
         self.tier_limit = tier_limit
         self.reuse = reuse
         self.directory = shm_dir() if shared else None
@@ -374,7 +381,7 @@ class Pool:
 
     @property
     def max_buffers(self) -> int:
-        return 2 if self.keep_tier else 1
+        return (2 if self.keep_tier else 1) + (1 if self.spare else 0)
 
     def _new(self, size: int, name: str) -> Segment:
         t0 = time.perf_counter()
@@ -418,13 +425,22 @@ class Pool:
             for segment in segments:
                 segment.pin()
 
-    def acquire(self, layout: Layout, save_id: str, header: dict[str, Any]) -> Segment:
-        """A buffer for save ``save_id`` (renamed to its name, header written).
+    def acquire(
+        self, layout: Layout, save_id: str, header: dict[str, Any], prefer: Segment | None = None
+    ) -> Segment:
+        """A buffer for save ``save_id`` (renamed to its name, header written): ``prefer`` if
+        it is free and fits (the one rows were copied ahead into), else the smallest that fits.
 
         Raises:
             RuntimeError: every buffer is in use (a save in flight and the tier): wait for the
                 save in flight first.
         """
+        with self.quiet():
+            return self._acquire(layout, save_id, header, prefer)
+
+    def _acquire(
+        self, layout: Layout, save_id: str, header: dict[str, Any], prefer: Segment | None
+    ) -> Segment:
         entry: _Entry | None = None
         while True:
             self._join_mirror()
@@ -434,7 +450,9 @@ class Pool:
                     continue  # a prefill began meanwhile: take its buffer once it is full
                 free = [e for e in self._entries if e.state == "free"]
                 fitting = [e for e in free if e.segment.size >= layout.size]
-                entry = min(fitting, key=lambda e: e.segment.size) if fitting else None
+                entry = min(
+                    fitting, key=lambda e: (e.segment is not prefer, e.segment.size), default=None
+                )
                 if entry is None and len(self._entries) >= self.max_buffers:
                     if not free:
                         raise RuntimeError("every staging buffer is in use")
@@ -494,7 +512,7 @@ class Pool:
         tier.reclaim` (another job's, a test session's) while this process holds it."""
         tier = tier and self.keep_tier  # with no tier kept, nothing would ever free it
         self._join_mirror()
-        with self._lock:
+        with self.quiet(), self._lock:
             if len(self._entries) >= self.max_buffers:
                 segment.close()
                 segment.unlink()  # a predecessor's buffer this process has no room for
@@ -636,11 +654,21 @@ class Pool:
         with self._lock:
             return sum(e.segment.size for e in self._entries if e.segment.pinned)
 
+    def ahead_buffers(self) -> list[Segment]:
+        """The free buffers that hold a copy this process made (a fill): rows are copied ahead
+        into one of them, for the next save."""
+        with self._lock:
+            return [
+                e.segment
+                for e in self._entries
+                if e.state == "free" and e.segment.touched is not None
+            ]
+
     def release(self) -> None:
         """Unmap and remove every buffer (the job ended cleanly)."""
         self._join_mirror()
         self._join_filler()
-        with self._lock:
+        with self.quiet(), self._lock:
             entries, self._entries = self._entries, []
         for e in entries:
             e.segment.close()

@@ -39,13 +39,15 @@ few rows can escape the sample, and code that makes such writes must turn this o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import queue
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = ["Touched", "ROW_SPARSE", "MOST", "MIN_ROW_BYTES"]
@@ -77,7 +79,7 @@ MIN_ROW_BYTES = 64
 
 _MIN_SLOT_BYTES = 1 << 20
 _SAMPLE = 256  # rows of a slot checked against the buffer at each copy by rows
-_KEEP = 4  # accumulators kept (two buffers in use, and room for a replaced one)
+_KEEP = 5  # accumulators kept (three buffers in use, and room for a replaced one and a mirror)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +113,39 @@ class _Fill:
     token: int
     slots: tuple[tuple[int, int, int, int], ...]
     """Per slot: (data_ptr, nbytes, version, offset), or all zero where not tracked."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class _Part:
+    """A slot of the buffer rows are copied ahead into: one table, or its row-wise state."""
+
+    offset: int
+    nbytes: int
+    width: int
+    """Bytes of a row."""
+    start: int
+    """The table's first row in its module's row space."""
+    rows: int
+    source: Any
+    """The tensor (the module's own view of the table)."""
+    ptr: int
+    version: int
+    """``source``'s data_ptr and version counter at the buffer's fill."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Target:
+    """The free buffer whose touched rows are copied ahead, between saves."""
+
+    segment: Any
+    token: int
+    """Its fill's record of touched rows."""
+    parts: dict[int, tuple[_Part, ...]]
+    """Module key -> the slots of its tables that can be copied by rows."""
+
+
+# The autograd node of a fused lookup: the kernel's update of the rows runs inside it.
+_LOOKUP_NODE = "SplitLookupFunction"
 
 
 def _optimizer_name(module: Any) -> str:
@@ -160,6 +195,13 @@ whose id is not here, in another process or after :meth:`Touched.close`, does no
 deep copy's forwards mark the original's rows (more rows copied, never fewer)."""
 
 
+def _on_written(tracker: Any, key: int, grad_inputs: Any, grad_outputs: Any) -> None:
+    """The post-hook of a fused lookup's autograd node: the rows it recorded are written."""
+    t = tracker()
+    if t is not None:
+        t._written(key)
+
+
 def _on_forward(
     hook_id: int, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
 ) -> None:
@@ -184,6 +226,25 @@ class Touched:
         """Why rows are no longer tracked (a sampled untouched row had changed), or None."""
         self._lost: set[int] = set()
         """Modules whose forward ran under ``torch.compile``: their rows are not known."""
+        self._filled: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Every buffer given a fill."""
+        # -- copying ahead (copy_ahead) --
+        self._provider: Callable[[], Any] | None = None
+        """``() -> buffers``: the free buffers that hold a fill (one is copied ahead into, and
+        the next save takes it); None: no copying ahead."""
+        self._target: _Target | None = None
+        self._in_flight: dict[int, int] = {}
+        """Module key -> backwards through it between their rows' record and their write."""
+        self._no_ahead: set[int] = set()
+        """Modules whose write is not known to follow the record at once (an unknown node)."""
+        self._paused = 0
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._cancel = threading.Event()
+        self._worker: threading.Thread | None = None
+        self.ahead_bytes = 0
+        """Bytes copied ahead so far."""
 
     # -- tracking -----------------------------------------------------------------------------
 
@@ -212,9 +273,12 @@ class Touched:
         """Forget modules that are gone (their ids may be another module's next)."""
         with self._lock:
             for key in [k for k, mod in self._modules.items() if mod.ref() is None]:
+                self._target = None  # it may hold the dropped module's tables
                 _HOOKS.pop(self._modules[key].hook_id, None)
                 del self._modules[key]
                 self._lost.discard(key)
+                self._no_ahead.discard(key)
+                self._in_flight.pop(key, None)
                 for acc in self._acc.values():
                     acc.pop(key, None)
 
@@ -228,14 +292,17 @@ class Touched:
             with self._lock:
                 self._lost.add(key)
             return
+        if self._provider is not None:
+            self._step_ahead(key)
         if not (torch.is_grad_enabled() and getattr(output, "requires_grad", False)):
             return
         indices = kwargs.get("indices", args[0] if args else None)
         offsets = kwargs.get("offsets", args[1] if len(args) > 1 else None)
         batches = kwargs.get("batch_size_per_feature_per_rank")
+        counted = self._provider is not None and self._count_backward(key, output)
 
         def record(grad: Any) -> None:
-            self._record(key, indices, offsets, batches)
+            self._record(key, indices, offsets, batches, counted)
 
         output.register_hook(record)
 
@@ -270,8 +337,12 @@ class Touched:
             return None
         return mod.table_start[tables] + idx
 
-    def _record(self, key: int, indices: Any, offsets: Any, batches: Any) -> None:
+    def _record(
+        self, key: int, indices: Any, offsets: Any, batches: Any, counted: bool = False
+    ) -> None:
         with self._lock:
+            if counted:  # its write follows; :meth:`_written` once it is done
+                self._in_flight[key] = self._in_flight.get(key, 0) + 1
             mod = self._modules.get(key)
             if mod is None or not self._acc:
                 return
@@ -293,11 +364,21 @@ class Touched:
         (a load): the next copy of every buffer is whole."""
         if model is not None and not any(id(m) in self._modules for m in _walk(model)):
             return
-        with self._lock:
+        with self.paused(), self._lock:
             self._acc.clear()
+            for segment in self._filled:  # no buffer holds a copy the record still describes
+                segment.touched = None
 
     def close(self) -> None:
-        """Remove the hooks; forget everything."""
+        """Remove the hooks, stop copying ahead; forget everything."""
+        with self._lock:
+            self._provider = None
+            self._paused += 1  # for good
+            self._cancel.set()
+        self._idle.wait()
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker = None
         with self._lock:
             for mod in self._modules.values():
                 mod.handle.remove()
@@ -309,7 +390,11 @@ class Touched:
 
     def _tables(self) -> dict[tuple[int, int], _Rows]:
         """(data_ptr, nbytes) of every table and row-wise state of a tracked module."""
-        out: dict[tuple[int, int], _Rows] = {}
+        return {k: rows for k, (rows, _) in self._sources().items()}
+
+    def _sources(self) -> dict[tuple[int, int], tuple[_Rows, Any]]:
+        """As :meth:`_tables`, with each tensor."""
+        out: dict[tuple[int, int], tuple[_Rows, Any]] = {}
         for key, mod in self._modules.items():
             m = mod.ref()
             if key in self._lost or m is None:
@@ -325,7 +410,7 @@ class Touched:
                 for x in (w, *(states[t] if t < len(states) else ())):
                     nbytes = x.numel() * x.element_size()
                     if rows and x.is_contiguous() and nbytes % rows == 0:
-                        out[(x.data_ptr(), nbytes)] = _Rows(key, start, rows)
+                        out[(x.data_ptr(), nbytes)] = (_Rows(key, start, rows), x)
         return out
 
     def copy_in(self, segment: Any, layout: Any, tensors: Sequence[Any]) -> int:
@@ -375,6 +460,7 @@ class Touched:
         with self._lock:
             if token in self._acc and self.broken is None:
                 segment.touched = _Fill(token, tuple(sig))
+                self._filled.add(segment)
         return delta + whole_bytes
 
     def _open(self, since: dict[int, Any] | None = None) -> int:
@@ -435,11 +521,178 @@ class Touched:
         with self._lock:
             if fill.token in self._acc and self.broken is None:
                 segment.touched = fill
+                self._filled.add(segment)
 
     def forget(self, fill: _Fill) -> None:
         """No copy is made for ``fill`` (from :meth:`fork_fill`): stop recording its rows."""
         with self._lock:
             self._acc.pop(fill.token, None)
+
+    # -- copying ahead ----------------------------------------------------------------------------
+
+    def copy_ahead(self, provider: Callable[[], Sequence[Any]]) -> None:
+        """Between saves, copy the rows recorded for one of the buffers ``provider()`` names
+        (the free ones holding a fill: the one with the fewest rows recorded) into it, on a
+        thread of its own below the loop's priority; the next save takes that buffer and
+        copies only the rows of its last steps.
+
+        When. At each forward of a tracked module (a forward hook), the rows recorded for that
+        module are handed over and the record starts again, unless a backward through the
+        module is between its rows' record and their write: the record is made by a hook on
+        the lookup's output, the write by the autograd node right after it, and a post-hook on
+        that node says it is done. So every row handed over was written before it was, and a
+        row written after it (even while the thread copies it) is recorded again: the next
+        save, or the next hand-over, copies it once more. A module whose output's node is not
+        the fused lookup's is not copied ahead. The thread stops at its next table whenever
+        the pool hands out, frees or unmaps a buffer (:meth:`paused`); what it did not copy
+        goes back to the record."""
+        with self._lock:
+            self._provider = provider
+
+    def ahead_segment(self) -> Any:
+        """The buffer rows are being copied ahead into, or None."""
+        with self._lock:
+            target = self._target
+            return None if target is None or target.token not in self._acc else target.segment
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No rows copied ahead inside: the copy in progress stops at its next table and its
+        rows go back to the record (a buffer is being handed out, freed or unmapped)."""
+        with self._lock:
+            self._paused += 1
+            self._target = None
+            self._cancel.set()
+        try:
+            self._idle.wait()
+            yield
+        finally:
+            with self._lock:
+                self._paused -= 1
+                if not self._paused:
+                    self._cancel.clear()
+
+    def _count_backward(self, key: int, output: Any) -> bool:
+        """Hook the write that follows a record of ``key``'s rows (the fused lookup's node)."""
+        node = getattr(output, "grad_fn", None)
+        if node is None or _LOOKUP_NODE not in node.name():
+            with self._lock:
+                self._no_ahead.add(key)
+            return False
+        node.register_hook(functools.partial(_on_written, weakref.ref(self), key))
+        return True
+
+    def _written(self, key: int) -> None:
+        with self._lock:
+            left = self._in_flight.get(key, 0) - 1
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                self._in_flight.pop(key, None)
+
+    def _step_ahead(self, key: int) -> None:
+        """At a forward of module ``key``: hand its recorded rows to the copying thread."""
+        import torch
+
+        if not self._idle.is_set():
+            return  # still copying the last ones: these wait for a later forward
+        with self._lock:
+            if (
+                self._paused
+                or self.broken is not None
+                or key in self._no_ahead
+                or self._in_flight.get(key)
+            ):
+                return
+            target = self._target
+            if target is None or target.token not in self._acc:
+                target = self._target = self._aim()
+            if target is None or not target.parts.get(key):
+                return
+            acc = self._acc[target.token]
+            rows = acc.get(key)
+            if rows is None or not _count(rows):
+                return
+            acc[key] = torch.zeros_like(rows)
+            self._idle.clear()
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="fastinit-checkpoint-ahead", daemon=True
+                )
+                self._worker.start()
+            self._jobs.put((target, key, rows))
+
+    def _aim(self) -> _Target | None:
+        """The buffer to copy ahead into, and its slots that can be copied by rows. Under
+        the lock."""
+        assert self._provider is not None
+        live = [
+            (sum(_count(m) for m in self._acc[seg.touched.token].values()), i, seg)
+            for i, seg in enumerate(self._provider())
+            if seg.touched is not None and seg.touched.token in self._acc
+        ]
+        if not live:
+            return None
+        segment = min(live)[2]  # the one with the fewest rows left to copy
+        fill: _Fill = segment.touched
+        sources = self._sources()
+        parts: dict[int, list[_Part]] = {}
+        for ptr, nbytes, version, offset in fill.slots:
+            found = sources.get((ptr, nbytes)) if ptr else None
+            if found is None:
+                continue
+            where, x = found
+            width = nbytes // where.rows
+            if nbytes < _MIN_SLOT_BYTES or width < MIN_ROW_BYTES or x._version != version:
+                continue  # the save copies it whole
+            part = _Part(offset, nbytes, width, where.start, where.rows, x, ptr, version)
+            parts.setdefault(where.module, []).append(part)
+        return _Target(segment, fill.token, {k: tuple(v) for k, v in parts.items()})
+
+    def _work(self) -> None:
+        """The copying thread: each job is one module's rows for one buffer.
+
+        It runs at the trainer's priority, unlike the writer and the fills (priority.py): what
+        it copies is the save's own copy, moved off the loop, not extra work; 10 nice steps
+        below a loop whose steps keep both cores busy it got too little of them to keep up,
+        and the saves copied the rows instead."""
+        while (job := self._jobs.get()) is not None:
+            target, key, rows = job
+            done: list[_Part] = []
+            with contextlib.suppress(Exception):  # what was not copied goes back
+                self._copy_ahead(target, key, rows, done)
+            with self._lock:
+                self.ahead_bytes += sum(
+                    _count(rows[p.start : p.start + p.rows]) * p.width for p in done
+                )
+                mask = self._acc.get(target.token, {}).get(key)
+                if mask is not None:
+                    for part in target.parts.get(key, ()):
+                        if all(p is not part for p in done):  # not copied: the save copies it
+                            span = slice(part.start, part.start + part.rows)
+                            mask[span] |= rows[span]
+            self._idle.set()
+
+    def _copy_ahead(self, target: _Target, key: int, rows: Any, done: list[_Part]) -> None:
+        """Copy ``rows`` of module ``key`` into ``target``, table by table, until stopped;
+        ``done`` gets each slot copied."""
+        import torch
+
+        for part in target.parts.get(key, ()):
+            if self._cancel.is_set():
+                return
+            x = part.source
+            if x.data_ptr() != part.ptr or x._version != part.version:
+                continue  # written through torch since the fill: the save copies it whole
+            touched = rows[part.start : part.start + part.rows]
+            if _count(touched):
+                dst = target.segment.tensor(
+                    part.offset, part.nbytes, "uint8", (part.rows, part.width)
+                )
+                with torch.no_grad():
+                    src = x.detach().reshape(-1).view(torch.uint8).view(part.rows, part.width)
+                _copy_rows([(src, dst, touched)])
+            done.append(part)
 
     def _untouched_agree(self, src: Any, dst: Any, touched: Any, gen: Any) -> bool:
         """Whether a sample of the rows not touched still equals the buffer's copy of them: the

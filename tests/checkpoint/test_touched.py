@@ -102,7 +102,7 @@ def _touched_rank(root: str) -> dict[str, Any]:
     checkpoint.load(f"{root}/c1", model, opts)
     out["cleared_by_load"] = not saving._SAVER.touched._acc
     one("rollback")
-    one("after-rollback")  # the other buffer: whole too (the load reached both)
+    one("after-rollback")
     one("rows-again")
     # Steps of TrainPipelineSparseDist (its rewrite of the model, the next batch's input
     # distribution in flight at the save): still by rows, still the whole state.
@@ -124,6 +124,7 @@ def _touched_rank(root: str) -> dict[str, Any]:
         one("after-behind")
     out["warned"] = [str(w.message) for w in caught if "writes the tables" in str(w.message)]
     out["broken"] = saving._SAVER.touched.broken is not None
+    out["ahead"] = saving._SAVER.touched.ahead_bytes
     out["diffs"] = {name: _loads_as(f"{root}/{name}", want, 7) for name, want in states.items()}
     return out
 
@@ -140,13 +141,16 @@ def test_saves_by_touched_rows_hold_the_whole_state(tmp_path: Any) -> None:
         # buffer the first save's copy was mirrored into
         for name in ("c1", "c2", "c3", "rows-again", "pipe-1", "pipe-2"):
             assert 0 < copied[name][0] < copied[name][1] / 4, (name, copied[name])
-        # the two saves after the rollback copy the state whole: the load reached both buffers
+        # the save after the rollback copies the state whole: the load cleared every buffer's
+        # record; its copy is mirrored into the spare buffer, which the next save copies rows
+        # into (FASTINIT_CHECKPOINT_AHEAD, on by default)
         assert copied["rollback"][0] == copied["rollback"][1]
-        assert copied["after-rollback"][0] == copied["after-rollback"][1]
+        assert 0 < copied["after-rollback"][0] < copied["after-rollback"][1] / 4
         # after the write behind torch's back: whole, from then on, with one warning
         assert copied["after-behind"][0] == copied["after-behind"][1]
         assert out["broken"] and len(out["warned"]) >= 1
         assert out["cleared_by_load"]
+        assert out["ahead"] > 0  # rows were copied ahead between the saves
 
 
 def _off_rank(root: str) -> list[tuple[int, int]]:
@@ -169,6 +173,36 @@ def _off_rank(root: str) -> list[tuple[int, int]]:
 def test_delta_off_copies_every_byte(tmp_path: Any) -> None:
     (r,) = run_ranks(_off_rank, 1, args=(str(tmp_path),), timeout=240)
     assert all(c == s > 0 for c, s in r)
+
+
+def _ahead_off_rank(root: str) -> dict[str, Any]:
+    from fastinit import knobs
+    from fastinit.checkpoint import saving
+    from tests.checkpoint.test_checkpoint import _build, _train
+
+    out: dict[str, Any] = {"saves": [], "diffs": []}
+    with knobs.override(FASTINIT_CHECKPOINT_AHEAD="off"):
+        model, opts = _build(PLAN, seed=1, spec_kwargs=SPEC)
+        for i in range(4):
+            _train(model, opts, seed=i, spec=SPEC)
+            handle, want = _save(f"{root}/c{i}", model, opts)
+            out["saves"].append((handle.copied_bytes, handle.staged_bytes, handle.ahead_bytes))
+            out["diffs"].append(_loads_as(f"{root}/c{i}", want, 7))
+        out["buffers"] = len(saving.staging_info()["buffers"])
+        out["ahead"] = saving._SAVER.touched.ahead_bytes
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_ahead_off_keeps_two_buffers_and_still_copies_rows(tmp_path: Any) -> None:
+    """FASTINIT_CHECKPOINT_AHEAD=off: no spare buffer (the save in flight's and the tier's),
+    nothing copied ahead, and the saves after the first still copy only touched rows."""
+    (r,) = run_ranks(_ahead_off_rank, 1, args=(str(tmp_path),), timeout=240)
+    assert all(not d for d in r["diffs"]), r["diffs"]
+    assert r["buffers"] == 2 and r["ahead"] == 0
+    assert all(a == 0 for _, _, a in r["saves"])
+    assert r["saves"][0][0] == r["saves"][0][1]
+    assert all(0 < c < s / 4 for c, s, _ in r["saves"][1:]), r["saves"]
 
 
 def test_rows_of_a_batch_and_unknown_layouts() -> None:
@@ -195,7 +229,7 @@ def test_rows_of_a_batch_and_unknown_layouts() -> None:
     assert t._rows_of(mod, torch.tensor([1, 4, 2, 3, 3, 4, -1]), offsets, None) is None
 
 
-def _tbe(rows: tuple[int, ...] = (100, 50)) -> Any:
+def _tbe(rows: tuple[int, ...] = (100, 50), dim: int = 8) -> Any:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -203,7 +237,7 @@ def _tbe(rows: tuple[int, ...] = (100, 50)) -> Any:
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
-    specs = [(r, 8, EmbeddingLocation.HOST, ComputeDevice.CPU) for r in rows]
+    specs = [(r, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for r in rows]
     return SplitTableBatchedEmbeddingBagsCodegen(
         specs,
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -270,7 +304,8 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
     size = HEADER_BYTES + (4 << 20)
     layout = Layout(slots=(), size=size)
     try:
-        first = pool.acquire(layout, "a" * 32, {"job": "test"})  # the only buffer
+        # headers that name this process, as a save's do: another process's reclaim leaves them
+        first = pool.acquire(layout, "a" * 32, {**pool.owner, "job": "test"})  # the only buffer
         payload = os.urandom(size - HEADER_BYTES)
         first.mm[HEADER_BYTES:size] = payload
         release = threading.Event()
@@ -287,7 +322,7 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
         threading.Timer(0.3, release.set).start()
         # The next save's buffer, asked for while the copy is still going: the copy's buffer,
         # once complete (without the wait, a third buffer, or one half-copied).
-        second = pool.acquire(layout, "b" * 32, {"job": "test"})
+        second = pool.acquire(layout, "b" * 32, {**pool.owner, "job": "test"})
         ((spare, thread, nice),) = done
         assert thread == "fastinit-checkpoint-mirror" and spare is not first
         # the copy ran below the caller (fastinit/checkpoint/priority.py), and only the copy
@@ -295,7 +330,8 @@ def test_the_first_copy_is_mirrored_into_the_next_saves_buffer() -> None:
         assert second is spare and len(pool.buffers()) == 2
         assert bytes(second.mm[HEADER_BYTES:size]) == payload
         pool.settle("a" * 32, committed=True)  # the first buffer becomes the tier
-        assert not pool.mirror(second, size, finish)  # no room: two buffers, the tier busy
+        assert pool.shared, pool.warning  # (the tier is kept only in shared memory)
+        assert not pool.mirror(second, size, finish), pool.buffers()  # no room: the tier busy
         pool.settle("b" * 32, committed=True)  # the second is the tier, the first free
         first.touched = "a fill"
         assert not pool.mirror(second, size, finish)  # the free one holds a copy
@@ -347,3 +383,137 @@ def test_prepare_fills_the_buffers_so_the_first_saves_copy_rows(tmp_path: Any) -
         assert all(not d for d in out["diffs"].values()), out["diffs"]
         for name, copied, staged in out["saves"]:
             assert 0 < copied < staged / 4, (name, copied, staged)
+
+
+# -- copying ahead -----------------------------------------------------------------------------
+
+
+def _ahead_setup() -> Any:
+    """A tracked fused module (two tables of 1 MiB, rows of 64 B) copied whole into a buffer
+    that rows are copied ahead into."""
+    import torch
+
+    from fastinit.checkpoint.staging import Layout, Segment, copy_in
+    from fastinit.checkpoint.touched import Touched
+
+    t = Touched()
+    tbe = _tbe(rows=(16384, 16384), dim=16)
+    assert t.attach(tbe) == 1
+    tensors = [w.detach() for w in tbe.split_embedding_weights()]
+    layout = Layout.of([(f"t{i}", (0, 0), w) for i, w in enumerate(tensors)])
+    segment = Segment.private(layout.size)
+    free = [segment]
+    t.copy_ahead(lambda: list(free))
+    fill = t.begin(layout, tensors)
+    copy_in(segment, layout, tensors)
+    t.adopt_fill(fill, segment)
+    gen = torch.Generator().manual_seed(0)  # never the global RNG
+
+    def step(backward: bool = True) -> None:
+        indices = torch.randint(0, 16384, (96,), generator=gen)
+        offsets = torch.arange(0, 97, 4)  # 3 features (tables 0, 1, 1) x 8 samples
+        out = tbe(indices, offsets)
+        if backward:
+            out.sum().backward()
+
+    def held() -> Any:  # what the buffer holds of each table
+        return [segment.slot(slot).clone() for slot in layout.slots]
+
+    return t, tbe, tensors, layout, segment, step, held
+
+
+def _recorded(t: Any, segment: Any) -> int:
+    with t._lock:
+        return sum(int(m.sum()) for m in t._acc[segment.touched.token].values())
+
+
+def test_rows_are_copied_ahead_between_saves_and_the_save_copies_the_rest() -> None:
+    """Each forward hands the rows recorded since the last one to a thread, which copies them
+    into the buffer the next save takes; a save into it copies the rows of the last step only,
+    and the buffer then holds the tables bit for bit."""
+    import torch
+
+    t, tbe, tensors, layout, segment, step, held = _ahead_setup()
+    try:
+        for _ in range(6):
+            step()
+            t._idle.wait(30)  # a forward that finds the thread busy leaves its rows recorded
+        assert t.ahead_bytes > 0
+        assert t.ahead_segment() is segment
+        # what is left for the save: the last step's rows (the last forward came before them)
+        left = _recorded(t, segment)
+        assert 0 < left <= 96
+        pending = t._acc[segment.touched.token][id(tbe)].clone()
+        now = torch.cat([w.detach() for w in tensors])
+        had = torch.cat(held())
+        differ = (now != had).any(dim=1)
+        assert differ.any() and not differ[~pending].any()  # every other row is there already
+        with t.paused():
+            copied = t.copy_in(segment, layout, tensors)
+        assert 0 < copied <= left * 64 * 2  # row bytes: weights (and nothing else tracked)
+        assert all(torch.equal(a, b) for a, b in zip(held(), tensors, strict=True))
+    finally:
+        t.close()
+
+
+def test_rows_are_not_handed_over_while_a_backward_is_between_their_record_and_write() -> None:
+    """A forward while a backward through the module has recorded rows it has not written yet
+    (another thread's) hands nothing over: those rows could be copied before their write and
+    then dropped from the record."""
+    import torch
+
+    t, tbe, tensors, layout, segment, step, held = _ahead_setup()
+    try:
+        step()  # rows recorded (its forward came before them)
+        before = _recorded(t, segment)
+        indices, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2, 3])
+        t._record(id(tbe), indices, offsets, None, counted=True)  # a record, its write to come
+        assert t._in_flight == {id(tbe): 1}
+        step(backward=False)
+        assert _recorded(t, segment) >= before and t.ahead_bytes == 0  # nothing handed over
+        t._written(id(tbe))
+        step(backward=False)
+        t._idle.wait(30)
+        assert _recorded(t, segment) == 0 and t.ahead_bytes > 0
+        # a real backward leaves nothing in flight: its node's post-hook ran after the write
+        step()
+        assert t._in_flight == {}
+    finally:
+        t.close()
+
+
+def test_a_pause_stops_the_copy_ahead_and_gives_its_rows_back(monkeypatch: Any) -> None:
+    """Handing out, freeing or unmapping a buffer pauses the copying thread: it stops at its
+    next table and the rows it did not copy go back to the record, for the save to copy."""
+    import threading
+
+    from fastinit.checkpoint import touched
+
+    t, tbe, tensors, layout, segment, step, held = _ahead_setup()
+    gate, entered = threading.Event(), threading.Event()
+    copy = touched._copy_rows
+
+    def slow(jobs: Any) -> None:
+        entered.set()
+        gate.wait(30)
+        copy(jobs)
+
+    monkeypatch.setattr(touched, "_copy_rows", slow)
+    try:
+        step()
+        recorded = _recorded(t, segment)
+        step(backward=False)  # hands them over; the thread stops in its first table
+        assert entered.wait(30) and _recorded(t, segment) == 0
+        threading.Timer(0.2, gate.set).start()
+        with t.paused():
+            assert t._idle.is_set()
+            # table 0's rows were copied (the pause came during it); table 1's are back
+            copied = t.ahead_bytes // 64  # rows of 64 bytes
+            assert 0 < copied < recorded
+            assert _recorded(t, segment) == recorded - copied
+            assert t.ahead_segment() is None
+            step(backward=False)  # nothing handed over while paused
+            assert _recorded(t, segment) == recorded - copied
+    finally:
+        gate.set()
+        t.close()

@@ -233,6 +233,9 @@ class Touched:
         """``() -> buffers``: the free buffers that hold a fill (one is copied ahead into, and
         the next save takes it); None: no copying ahead."""
         self._target: _Target | None = None
+        self._since: dict[int, list[Any]] = {}
+        """Module key -> the rows recorded since its last hand-over to the target (arrays of
+        module-space ids); a module not here hands over all its target's record next."""
         self._in_flight: dict[int, int] = {}
         """Module key -> backwards through it between their rows' record and their write."""
         self._no_ahead: set[int] = set()
@@ -274,6 +277,7 @@ class Touched:
         with self._lock:
             for key in [k for k, mod in self._modules.items() if mod.ref() is None]:
                 self._target = None  # it may hold the dropped module's tables
+                self._since = {}
                 _HOOKS.pop(self._modules[key].hook_id, None)
                 del self._modules[key]
                 self._lost.discard(key)
@@ -358,6 +362,12 @@ class Touched:
                     mask.fill_(True)
                 else:
                     mask.numpy()[rows] = True
+            since = self._since.get(key)
+            if since is not None:  # listed for the next hand-over (unknown: all it records)
+                if rows is None:
+                    del self._since[key]
+                else:
+                    since.append(rows)
 
     def invalidate(self, model: Any = None) -> None:
         """Something wrote ``model``'s state (None: any state) behind torch's version counters
@@ -562,6 +572,7 @@ class Touched:
         with self._lock:
             self._paused += 1
             self._target = None
+            self._since = {}
             self._cancel.set()
         try:
             self._idle.wait()
@@ -591,8 +602,9 @@ class Touched:
                 self._in_flight.pop(key, None)
 
     def _step_ahead(self, key: int) -> None:
-        """At a forward of module ``key``: hand its recorded rows to the copying thread."""
-        import torch
+        """At a forward of module ``key``: hand the rows recorded for the target buffer since
+        the last hand-over to the copying thread, and take them off its record."""
+        import numpy as np
 
         if not self._idle.is_set():
             return  # still copying the last ones: these wait for a later forward
@@ -607,13 +619,23 @@ class Touched:
             target = self._target
             if target is None or target.token not in self._acc:
                 target = self._target = self._aim()
+                self._since = {}
             if target is None or not target.parts.get(key):
                 return
-            acc = self._acc[target.token]
-            rows = acc.get(key)
-            if rows is None or not _count(rows):
+            mask = self._acc[target.token].get(key)
+            if mask is None:
                 return
-            acc[key] = torch.zeros_like(rows)
+            since = self._since.get(key)
+            self._since[key] = []  # from here on, every row recorded is listed too
+            if since is None:  # the first hand-over to this buffer: all it has recorded
+                rows = np.flatnonzero(mask.numpy())
+            elif since:
+                rows = np.concatenate(since)
+            else:
+                return
+            if not len(rows):
+                return
+            mask.numpy()[rows] = False
             self._idle.clear()
             if self._worker is None:
                 self._worker = threading.Thread(
@@ -650,49 +672,45 @@ class Touched:
         return _Target(segment, fill.token, {k: tuple(v) for k, v in parts.items()})
 
     def _work(self) -> None:
-        """The copying thread: each job is one module's rows for one buffer.
+        """The copying thread: each job is one module's rows (module-space ids) for one buffer.
 
         It runs at the trainer's priority, unlike the writer and the fills (priority.py): what
         it copies is the save's own copy, moved off the loop, not extra work; 10 nice steps
         below a loop whose steps keep both cores busy it got too little of them to keep up,
         and the saves copied the rows instead."""
+        import numpy as np
+
         while (job := self._jobs.get()) is not None:
             target, key, rows = job
-            done: list[_Part] = []
+            rows = np.unique(rows)  # sorted: each table's rows are one run of them
+            parts = target.parts.get(key, ())
+            done, copied = 0, 0
             with contextlib.suppress(Exception):  # what was not copied goes back
-                self._copy_ahead(target, key, rows, done)
+                for part in parts:
+                    if self._cancel.is_set():
+                        break
+                    copied += self._copy_ahead(target, part, _within(rows, part))
+                    done += 1
             with self._lock:
-                self.ahead_bytes += sum(
-                    _count(rows[p.start : p.start + p.rows]) * p.width for p in done
-                )
+                self.ahead_bytes += copied
                 mask = self._acc.get(target.token, {}).get(key)
                 if mask is not None:
-                    for part in target.parts.get(key, ()):
-                        if all(p is not part for p in done):  # not copied: the save copies it
-                            span = slice(part.start, part.start + part.rows)
-                            mask[span] |= rows[span]
+                    for part in parts[done:]:  # not copied: the save copies them
+                        mask.numpy()[_within(rows, part) + part.start] = True
             self._idle.set()
 
-    def _copy_ahead(self, target: _Target, key: int, rows: Any, done: list[_Part]) -> None:
-        """Copy ``rows`` of module ``key`` into ``target``, table by table, until stopped;
-        ``done`` gets each slot copied."""
+    def _copy_ahead(self, target: _Target, part: _Part, rows: Any) -> int:
+        """Copy ``rows`` (of the table) of ``part`` into ``target``; the bytes copied."""
         import torch
 
-        for part in target.parts.get(key, ()):
-            if self._cancel.is_set():
-                return
-            x = part.source
-            if x.data_ptr() != part.ptr or x._version != part.version:
-                continue  # written through torch since the fill: the save copies it whole
-            touched = rows[part.start : part.start + part.rows]
-            if _count(touched):
-                dst = target.segment.tensor(
-                    part.offset, part.nbytes, "uint8", (part.rows, part.width)
-                )
-                with torch.no_grad():
-                    src = x.detach().reshape(-1).view(torch.uint8).view(part.rows, part.width)
-                _copy_rows([(src, dst, touched)])
-            done.append(part)
+        x = part.source
+        if not len(rows) or x.data_ptr() != part.ptr or x._version != part.version:
+            return 0  # (written through torch since the fill: the save copies it whole)
+        dst = target.segment.tensor(part.offset, part.nbytes, "uint8", (part.rows, part.width))
+        with torch.no_grad():
+            src = x.detach().reshape(-1).view(torch.uint8).view(part.rows, part.width)
+        _copy_indexed(src, dst, rows)
+        return len(rows) * part.width
 
     def _untouched_agree(self, src: Any, dst: Any, touched: Any, gen: Any) -> bool:
         """Whether a sample of the rows not touched still equals the buffer's copy of them: the
@@ -753,6 +771,25 @@ def _count(mask: Any) -> int:
     import numpy as np
 
     return int(np.count_nonzero(mask.numpy()))
+
+
+def _within(rows: Any, part: _Part) -> Any:
+    """Of sorted module-space ``rows``, those of ``part``'s table, as rows of the table."""
+    import numpy as np
+
+    lo, hi = np.searchsorted(rows, (part.start, part.start + part.rows))
+    return rows[lo:hi] - part.start
+
+
+def _copy_indexed(src: Any, dst: Any, rows: Any) -> None:
+    """``dst[rows] = src[rows]`` for ``[n, width]`` uint8 tensors and an array of row ids: a
+    row as one item, in the ids' order (cost in proportion to the rows, not the table)."""
+    import numpy as np
+
+    kind = np.dtype((np.void, src.shape[1]))
+    s = src.numpy().view(kind).reshape(-1)
+    d = dst.numpy().view(kind).reshape(-1)
+    d[rows] = s[rows]
 
 
 def _copy_rows(jobs: Sequence[tuple[Any, Any, Any]]) -> None:

@@ -491,14 +491,14 @@ def test_a_pause_stops_the_copy_ahead_and_gives_its_rows_back(monkeypatch: Any) 
 
     t, tbe, tensors, layout, segment, step, held = _ahead_setup()
     gate, entered = threading.Event(), threading.Event()
-    copy = touched._copy_rows
+    copy = touched._copy_indexed
 
-    def slow(jobs: Any) -> None:
+    def slow(src: Any, dst: Any, rows: Any) -> None:
         entered.set()
         gate.wait(30)
-        copy(jobs)
+        copy(src, dst, rows)
 
-    monkeypatch.setattr(touched, "_copy_rows", slow)
+    monkeypatch.setattr(touched, "_copy_indexed", slow)
     try:
         step()
         recorded = _recorded(t, segment)

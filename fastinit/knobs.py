@@ -60,7 +60,8 @@ KNOBS: dict[str, str] = {
     "it) or `off` (a fresh copy per save, freed once written).",
     "FASTINIT_CHECKPOINT_TIER": "The host-memory tier: `on` (default: the latest committed "
     "save's staging buffer stays in /dev/shm, and a worker restarted on the same host loads from "
-    "it), `off` (one staging buffer per rank; loads read storage), or the largest buffer kept, "
+    "it), `off` (no tier: one staging buffer per rank, two with `FASTINIT_CHECKPOINT_AHEAD`; "
+    "loads read storage), or the largest buffer kept, "
     "in bytes (`8G`, `512M`).",
     "FASTINIT_CHECKPOINT_WRITE_RATE": "The most bytes per second a rank's writer writes a save at "
     "while its trainer trains on (default `256M`; `max`: as fast as the disk goes). Waiting for "
@@ -69,8 +70,8 @@ KNOBS: dict[str, str] = {
     "tables that training touched since its buffer's last copy (fastinit/checkpoint/touched.py); "
     "`off`: every save copies the whole state.",
     "FASTINIT_CHECKPOINT_AHEAD": "`on` (default, with `FASTINIT_CHECKPOINT_DELTA=on`): between "
-    "saves, a thread below the trainer's priority copies the rows training touched into the "
-    "staging buffer the next save takes, so that save copies only the rows of its last steps; "
+    "saves, a thread copies the rows training touched into the staging buffer the next save "
+    "takes, so that save copies only the rows of its last steps; "
     "it costs one more staging buffer (three with the tier: the state's size once more in "
     "/dev/shm). `off`: no copy ahead, no extra buffer.",
     "FASTINIT_RESTART_ZYGOTE": "`on` (default): a worker launched with `python -m fastinit.restart` "

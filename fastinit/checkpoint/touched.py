@@ -79,6 +79,7 @@ MIN_ROW_BYTES = 64
 
 _MIN_SLOT_BYTES = 1 << 20
 _SAMPLE = 256  # rows of a slot checked against the buffer at each copy by rows
+_LISTED = 64  # batches listed for one hand-over; beyond, it takes its buffer's whole record
 _KEEP = 5  # accumulators kept (three buffers in use, and room for a replaced one and a mirror)
 
 
@@ -364,7 +365,7 @@ class Touched:
                     mask.numpy()[rows] = True
             since = self._since.get(key)
             if since is not None:  # listed for the next hand-over (unknown: all it records)
-                if rows is None:
+                if rows is None or len(since) >= _LISTED:
                     del self._since[key]
                 else:
                     since.append(rows)

@@ -540,9 +540,10 @@ class Pool:
                 for e in self._entries
                 if e.state == "free" and e.segment is not source and e.segment.size >= end
             ]
-            target = free[0] if free else None
-            if target is not None and target.touched is not None:
-                return False
+            empty = [seg for seg in free if seg.touched is None]
+            target = empty[0] if empty else None
+            if target is None and free:
+                return False  # the free ones hold copies already
             if target is None and (len(self._entries) >= self.max_buffers or not self.reuse):
                 return False
 

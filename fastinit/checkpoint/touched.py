@@ -79,6 +79,7 @@ MIN_ROW_BYTES = 64
 
 _MIN_SLOT_BYTES = 1 << 20
 _SAMPLE = 256  # rows of a slot checked against the buffer at each copy by rows
+_CHUNK = 16384  # rows a copy ahead copies between looks at a pause (2-3 ms here)
 _LISTED = 64  # batches listed for one hand-over; beyond, it takes its buffer's whole record
 _KEEP = 5  # accumulators kept (three buffers in use, and room for a replaced one and a mirror)
 
@@ -554,7 +555,7 @@ class Touched:
         that node says it is done. So every row handed over was written before it was, and a
         row written after it (even while the thread copies it) is recorded again: the next
         save, or the next hand-over, copies it once more. A module whose output's node is not
-        the fused lookup's is not copied ahead. The thread stops at its next table whenever
+        the fused lookup's is not copied ahead. The thread stops at its next chunk of rows whenever
         the pool hands out, frees or unmaps a buffer (:meth:`paused`); what it did not copy
         goes back to the record."""
         with self._lock:
@@ -568,7 +569,7 @@ class Touched:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No rows copied ahead inside: the copy in progress stops at its next table and its
+        """No rows copied ahead inside: the copy in progress stops at its next chunk of rows and its
         rows go back to the record (a buffer is being handed out, freed or unmapped)."""
         with self._lock:
             self._paused += 1
@@ -684,20 +685,25 @@ class Touched:
         while (job := self._jobs.get()) is not None:
             target, key, rows = job
             rows = np.unique(rows)  # sorted: each table's rows are one run of them
-            parts = target.parts.get(key, ())
-            done, copied = 0, 0
-            with contextlib.suppress(Exception):  # what was not copied goes back
-                for part in parts:
-                    if self._cancel.is_set():
-                        break
-                    copied += self._copy_ahead(target, part, _within(rows, part))
-                    done += 1
+            left: list[Any] = []  # module-space rows not copied: the save copies them
+            copied = 0
+            for part in target.parts.get(key, ()):
+                ids = _within(rows, part)
+                for lo in range(0, len(ids), _CHUNK):  # a pause waits for one chunk at most
+                    chunk = ids[lo : lo + _CHUNK]
+                    if left or self._cancel.is_set():
+                        left.append(chunk + part.start)
+                        continue
+                    try:
+                        copied += self._copy_ahead(target, part, chunk)
+                    except Exception:  # noqa: BLE001 - left for the save
+                        left.append(chunk + part.start)
             with self._lock:
                 self.ahead_bytes += copied
                 mask = self._acc.get(target.token, {}).get(key)
                 if mask is not None:
-                    for part in parts[done:]:  # not copied: the save copies them
-                        mask.numpy()[_within(rows, part) + part.start] = True
+                    for chunk in left:
+                        mask.numpy()[chunk] = True
             self._idle.set()
 
     def _copy_ahead(self, target: _Target, part: _Part, rows: Any) -> int:

@@ -484,7 +484,7 @@ def test_rows_are_not_handed_over_while_a_backward_is_between_their_record_and_w
 
 def test_a_pause_stops_the_copy_ahead_and_gives_its_rows_back(monkeypatch: Any) -> None:
     """Handing out, freeing or unmapping a buffer pauses the copying thread: it stops at its
-    next table and the rows it did not copy go back to the record, for the save to copy."""
+    next chunk of rows and the rows it did not copy go back to the record, for the save to copy."""
     import threading
 
     from fastinit.checkpoint import touched

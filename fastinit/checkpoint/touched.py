@@ -613,6 +613,7 @@ class Touched:
         with self._lock:
             if (
                 self._paused
+                or not self._idle.is_set()  # (again, under the lock: one job at a time)
                 or self.broken is not None
                 or key in self._no_ahead
                 or self._in_flight.get(key)

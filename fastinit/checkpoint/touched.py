@@ -545,8 +545,8 @@ class Touched:
     def copy_ahead(self, provider: Callable[[], Sequence[Any]]) -> None:
         """Between saves, copy the rows recorded for one of the buffers ``provider()`` names
         (the free ones holding a fill: the one with the fewest rows recorded) into it, on a
-        thread of its own below the loop's priority; the next save takes that buffer and
-        copies only the rows of its last steps.
+        thread of its own at the loop's priority (see :meth:`_work`); the next save takes that
+        buffer and copies only the rows of its last steps.
 
         When. At each forward of a tracked module (a forward hook), the rows recorded for that
         module are handed over and the record starts again, unless a backward through the
@@ -555,9 +555,9 @@ class Touched:
         that node says it is done. So every row handed over was written before it was, and a
         row written after it (even while the thread copies it) is recorded again: the next
         save, or the next hand-over, copies it once more. A module whose output's node is not
-        the fused lookup's is not copied ahead. The thread stops at its next chunk of rows whenever
-        the pool hands out, frees or unmaps a buffer (:meth:`paused`); what it did not copy
-        goes back to the record."""
+        the fused lookup's is not copied ahead. The thread stops at its next chunk of rows
+        whenever the pool hands out, frees or unmaps a buffer (:meth:`paused`); what it did not
+        copy goes back to the record."""
         with self._lock:
             self._provider = provider
 
@@ -569,8 +569,9 @@ class Touched:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No rows copied ahead inside: the copy in progress stops at its next chunk of rows and its
-        rows go back to the record (a buffer is being handed out, freed or unmapped)."""
+        """No rows copied ahead inside: the copy in progress stops at its next chunk of rows and
+        the rows it did not copy go back to the record (a buffer is being handed out, freed or
+        unmapped)."""
         with self._lock:
             self._paused += 1
             self._target = None

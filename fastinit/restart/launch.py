@@ -30,6 +30,8 @@ from fastinit.restart import zygote
 from fastinit.restart.zygote import start_time
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from fastinit.restart.zygote import Request
 
 __all__ = ["Target", "parse", "run", "identity", "socket_path", "main"]
@@ -131,14 +133,42 @@ def socket_path(launcher: int, launcher_start: str, local_rank: str) -> str | No
     return os.path.join(base, f"z-{launcher}-{launcher_start}-{local_rank}.sock")
 
 
+#: The longest socket path the kernel takes (``sun_path`` is 108 bytes, one for the NUL).
+_SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def _address(path: str) -> Iterator[str]:
+    """An address for ``path`` that fits ``sun_path``: the path itself, or (a deep ``TMPDIR``) the
+    same file reached through ``/proc/self/fd`` of its directory, open while the body runs."""
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
 def _ask(path: str, target: Target, launcher: int) -> int | None:
     """A worker forked by the zygote at ``path``, proxied to its end: its exit code (negative:
     the signal that killed it), or None when no zygote answers or it refuses."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        with _address(path) as address:
+            sock.connect(address)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
+        return None
+    except OSError as e:  # never let the way to a zygote stop a restart: start afresh instead
+        sock.close()
+        warnings.warn(
+            f"fastinit.restart: cannot reach a zygote at {path} ({e}); this restart starts a "
+            "fresh interpreter",
+            RestartWarning,
+            stacklevel=2,
+        )
         return None
     with sock:
         if zygote.peer_uid(sock) != os.getuid():
@@ -222,11 +252,18 @@ def _listen(path: str) -> socket.socket | None:
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(path)
+        with _address(path) as address:
+            sock.bind(address)
         os.chmod(path, 0o600)
         sock.listen(8)
-    except OSError:
+    except OSError as e:
         sock.close()
+        warnings.warn(
+            f"fastinit.restart: cannot listen at {path} ({e}); no zygote is forked, and "
+            "restarts start a fresh interpreter",
+            RestartWarning,
+            stacklevel=2,
+        )
         return None
     return sock
 

@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,8 +33,13 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 pytestmark = pytest.mark.timeout(240)
 
 
+def _tmpdir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """The workers' TMPDIR: deeper than a socket path may be (108 bytes), as CI's can be."""
+    return tmp_path / ("tmp-" + "d" * 100)
+
+
 def _env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
-    tmpdir = tmp_path / "tmp"
+    tmpdir = _tmpdir(tmp_path)
     tmpdir.mkdir(exist_ok=True)
     return {
         **os.environ,
@@ -91,7 +97,7 @@ def _none_left(text: str, seconds: float = 5.0) -> bool:
 
 
 def _sockets(tmp_path: pathlib.Path) -> list[str]:
-    return sorted(str(p) for p in (tmp_path / "tmp").glob("fastinit-restart-*/*.sock"))
+    return sorted(str(p) for p in _tmpdir(tmp_path).glob("fastinit-restart-*/*.sock"))
 
 
 def test_torchrun_restarts_are_forked_by_the_zygote_as_fresh_workers(tmp_path):
@@ -226,12 +232,29 @@ def _two_fresh_attempts(tmp_path: pathlib.Path, **env: str) -> str:
 
 
 def test_a_socket_directory_others_can_use_is_never_used(tmp_path):
-    shared = tmp_path / "tmp" / f"fastinit-restart-{os.getuid()}"
+    shared = _tmpdir(tmp_path) / f"fastinit-restart-{os.getuid()}"
     shared.mkdir(parents=True)
     shared.chmod(0o755)
     err = _two_fresh_attempts(tmp_path)
     assert "is not a directory only this user can use" in err
     assert not list(shared.iterdir())
+
+
+def test_a_socket_path_of_any_length_is_bound_and_reached(tmp_path, monkeypatch):
+    from fastinit.restart import launch
+
+    for tmpdir in (tmp_path / "t", _tmpdir(tmp_path)):
+        tmpdir.mkdir()
+        monkeypatch.setattr(launch.tempfile, "tempdir", str(tmpdir))
+        path = launch.socket_path(1234, "5678", "0")
+        assert path is not None and path.startswith(str(tmpdir))
+        listener = launch._listen(path)
+        assert listener is not None
+        with listener:
+            assert os.stat(path).st_mode & 0o777 == 0o600
+            with launch._address(path) as address, socket.socket(socket.AF_UNIX) as client:
+                client.connect(address)
+                assert zygote.peer_uid(client) == os.getuid()
 
 
 def _request(env: dict[str, str], ident: tuple = ("py",)) -> zygote.Request:

@@ -110,18 +110,22 @@ def _preload_list() -> tuple[str, ...]:
 def _private_dir() -> str | None:
     """This user's directory for zygote sockets (created 0700), or None if it is not private."""
     path = os.path.join(tempfile.gettempdir(), f"fastinit-restart-{os.getuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        warnings.warn(
-            f"fastinit.restart: {path} is not a directory only this user can use; restarts "
-            "start a fresh interpreter",
-            RestartWarning,
-            stacklevel=2,
-        )
-        return None
-    return path
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        info = os.lstat(path)
+    except OSError as e:
+        problem = f"cannot be made ({e})"
+    else:
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
+            return path
+        problem = "is not a directory only this user can use"
+    warnings.warn(
+        f"fastinit.restart: {path} {problem}; restarts start a fresh interpreter",
+        RestartWarning,
+        stacklevel=2,
+    )
+    return None
 
 
 def socket_path(launcher: int, launcher_start: str, local_rank: str) -> str | None:

@@ -240,6 +240,17 @@ def test_a_socket_directory_others_can_use_is_never_used(tmp_path):
     assert not list(shared.iterdir())
 
 
+def test_a_socket_directory_that_cannot_be_made_means_a_fresh_interpreter(tmp_path, monkeypatch):
+    from fastinit.errors import RestartWarning
+    from fastinit.restart import launch
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setattr(launch.tempfile, "tempdir", str(not_a_dir))
+    with pytest.warns(RestartWarning, match="cannot be made"):
+        assert launch.socket_path(1234, "5678", "0") is None
+
+
 def test_a_socket_path_of_any_length_is_bound_and_reached(tmp_path, monkeypatch):
     from fastinit.restart import launch
 

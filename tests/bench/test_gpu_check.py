@@ -22,7 +22,9 @@ def test_every_step_is_a_module_that_exists() -> None:
         "benchmarks.gpu_check.warmup",
         "benchmarks.gpu_check.ttfb",
         "benchmarks.checkpoint_blocking",
+        "benchmarks.gpu_check.dense",
     ]
+    assert {"benchmarks.gpu_check.dense"} == gpu_check.WITHOUT_TORCHREC
     for module in modules:
         assert importlib.util.find_spec(module) is not None, module
     assert set(gpu_check.KEEP_STDOUT) <= set(modules)
@@ -82,3 +84,24 @@ def test_the_checkpoint_step_runs_on_cpu(tmp_path: pathlib.Path) -> None:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["device"] == "cpu" and len(out["fastinit"]) == 3  # gpu-check's --saves 3
     assert all(r["mismatched"] == [] for r in out["load"].values())
+
+
+@pytest.mark.timeout(300)
+def test_the_dense_step_runs_on_cpu() -> None:
+    """The step that needs no TorchRec, with ``--device cpu`` (a small model, a loose bound): it
+    saves through the writer process, and both loads are bit-equal."""
+    (step,) = [step for _, _, step in gpu_check.STEPS if step[0] == "benchmarks.gpu_check.dense"]
+    done = subprocess.run(
+        [sys.executable, "-m", *step, "--device", "cpu", "--mb", "16", "--max-vs-warm", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=pathlib.Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    out = json.loads(done.stdout)
+    assert out["memory_load_equal"] and out["storage_load_equal"], out
+    assert out["memory_load"]["bytes_read"] == 0 and out["storage_load"]["memory_bytes"] == 0
+    assert len(out["blocking_s"]) == 3 and out["bytes"] > 16 * 2**20, out

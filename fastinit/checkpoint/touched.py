@@ -44,6 +44,7 @@ import dataclasses
 import functools
 import itertools
 import queue
+import sys
 import threading
 import warnings
 import weakref
@@ -156,6 +157,10 @@ def _optimizer_name(module: Any) -> str:
 
 
 def _trackable(module: Any) -> bool:
+    # fbgemm-gpu never imported: no fused table exists. A dense model (or a host without
+    # fbgemm-gpu) neither pays for its import nor needs it.
+    if sys.modules.get("fbgemm_gpu") is None:
+        return False
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,

@@ -188,10 +188,10 @@ def _ask(path: str, target: Target, launcher: int) -> int | None:
             launcher=launcher,
             identity=identity(),
         )
-        zygote.send(sock, request, fds=(0, 1, 2))
         try:
+            zygote.send(sock, request, fds=(0, 1, 2))
             (kind, value), _ = zygote.recv(sock)
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # the zygote left before it forked: start afresh
             return None
         if kind == "refused":
             warnings.warn(

@@ -268,6 +268,23 @@ def test_a_socket_path_of_any_length_is_bound_and_reached(tmp_path, monkeypatch)
                 assert zygote.peer_uid(client) == os.getuid()
 
 
+def test_a_zygote_gone_before_the_request_means_a_fresh_interpreter(tmp_path, monkeypatch):
+    from fastinit.restart import launch
+
+    monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
+    path = launch.socket_path(1234, "5678", "0")
+    assert path is not None
+    listener = launch._listen(path)
+    assert listener is not None
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise BrokenPipeError("the zygote closed the connection")
+
+    monkeypatch.setattr(zygote, "send", broken)
+    with listener:
+        assert launch._ask(path, Target(None, "x.py", ()), launcher=1234) is None
+
+
 def _request(env: dict[str, str], ident: tuple = ("py",)) -> zygote.Request:
     return zygote.Request(
         target=Target(None, "x.py", ()), env=env, cwd="/", umask=0o22, launcher=1, identity=ident

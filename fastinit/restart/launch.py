@@ -291,7 +291,18 @@ def _fork_zygote(
         return None
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as e:  # out of processes or memory: this attempt runs on without a zygote
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        warnings.warn(
+            f"fastinit.restart: cannot fork a zygote ({e}); restarts start a fresh interpreter",
+            RestartWarning,
+            stacklevel=2,
+        )
+        return None
     if pid:
         listener.close()
         return None

@@ -285,6 +285,24 @@ def test_a_zygote_gone_before_the_request_means_a_fresh_interpreter(tmp_path, mo
         assert launch._ask(path, Target(None, "x.py", ()), launcher=1234) is None
 
 
+def test_a_fork_that_fails_leaves_no_socket_and_runs_on(tmp_path, monkeypatch):
+    from fastinit.errors import RestartWarning
+    from fastinit.restart import launch
+
+    monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(launch.threading, "active_count", lambda: 1)  # pytest's threads aside
+    path = launch.socket_path(1234, "5678", "0")
+    assert path is not None
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(launch.os, "fork", no_fork)
+    with pytest.warns(RestartWarning, match="cannot fork a zygote"):
+        assert launch._fork_zygote(path, 1234, "5678", dict(os.environ)) is None
+    assert not os.path.exists(path)
+
+
 def _request(env: dict[str, str], ident: tuple = ("py",)) -> zygote.Request:
     return zygote.Request(
         target=Target(None, "x.py", ()), env=env, cwd="/", umask=0o22, launcher=1, identity=ident

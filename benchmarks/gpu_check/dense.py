@@ -7,9 +7,9 @@ install it still checks this much). One rank, its parameters and Adam state on C
 
 1. ``prepare`` page-locks the reused staging buffers (``cudaHostRegister``);
 2. every save's blocking (the ``save`` call: the device-to-host copy into those buffers) is at
-   most ``--max-vs-warm`` times a copy of the same bytes into a warm page-locked buffer
-   (``torch.empty(pin_memory=True)``, copied once before it is timed), a training step between
-   saves;
+   most ``--max-vs-warm`` times a copy of the same bytes into warm page-locked buffers
+   (``WarmCopy`` of ``benchmarks/checkpoint_blocking/limits.py``, the blocking benchmark's
+   limit), a training step between saves;
 3. the writer process commits every save, and a load in the same process (the staging buffer,
    no tensor data read from files) gives the state of the last ``save`` call bit for bit;
 4. a fresh process with the host-memory tier off loads the same checkpoint from its files, bit
@@ -32,112 +32,81 @@ from typing import Any
 
 _WIDTH = 4096
 
-#: The device of this run (``--device``); set in each rank from its arguments.
-_DEVICE = "cuda"
 
-
-def _model(mb: int, seed: int) -> tuple[Any, Any]:
-    """Linear layers of about ``mb`` MB of parameters on CUDA, and their Adam after one step."""
+def _model(mb: int, seed: int, device: str) -> tuple[Any, Any]:
+    """Linear layers of about ``mb`` MB of parameters on ``device``, and their Adam after one
+    step."""
     import torch
 
     layers = max(1, mb * 2**20 // (4 * _WIDTH * (_WIDTH + 1)))
-    gen = torch.Generator(device=_DEVICE).manual_seed(seed)
-    model = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(layers)]).to(
-        _DEVICE
-    )
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(layers)])
+    model = model.to(device)
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, device=_DEVICE, generator=gen) * 0.01)
+            p.copy_(torch.randn(p.shape, device=device, generator=gen) * 0.01)
     optim = torch.optim.Adam(model.parameters(), lr=1e-3)
     _step(model, optim, gen)
     return model, optim
 
 
 def _step(model: Any, optim: Any, gen: Any) -> None:
+    """One training step, its input drawn from ``gen`` (on the model's device)."""
     import torch
 
     optim.zero_grad()
-    model(torch.randn(8, _WIDTH, device=_DEVICE, generator=gen)).square().mean().backward()
+    model(torch.randn(8, _WIDTH, device=gen.device, generator=gen)).square().mean().backward()
     optim.step()
-    _sync()
-
-
-def _sync() -> None:
-    import torch
-
-    if _DEVICE == "cuda":
+    if gen.device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def _flat(model: Any, optim: Any) -> dict[str, Any]:
-    """The state a save holds, flat: dotted name -> value."""
-    from fastinit.checkpoint.state import build_state, flat_state
+def _tensors(model: Any, optim: Any) -> dict[str, Any]:
+    """Every tensor a save holds, by name."""
+    from benchmarks.checkpoint_blocking.anchors import local_tensors
+    from fastinit.checkpoint.state import build_state
 
-    return flat_state(build_state(model, {"optim": optim}))
+    return local_tensors(build_state(model, {"optim": optim}))
 
 
 def _digests(model: Any, optim: Any) -> dict[str, str]:
-    """xxh3-128 of every value of the model's and the optimizer's state, by name."""
-    import xxhash
+    """The checkpoint's digest (xxh3-128) of every tensor of the model and optimizer, by name."""
+    from fastinit.checkpoint.digest import digest
 
-    out = {}
-    for name, value in _flat(model, optim).items():
-        if hasattr(value, "detach"):
-            out[name] = xxhash.xxh3_128_hexdigest(value.detach().cpu().contiguous().numpy().data)
-        else:
-            out[name] = repr(value)
-    return out
-
-
-def _warm_copy_s(model: Any, optim: Any) -> tuple[float, int]:
-    """Seconds of a copy of the state's device tensors into a warm host buffer (page-locked for
-    CUDA: a device-to-host copy), the second of two copies, and its bytes."""
-    import torch
-
-    state = _flat(model, optim).values()
-    tensors = [v for v in state if hasattr(v, "device") and v.device.type == _DEVICE]
-    size = sum(t.numel() * t.element_size() for t in tensors)
-    buffer = torch.empty(size, dtype=torch.uint8, pin_memory=_DEVICE == "cuda")
-    seconds = 0.0
-    for _ in range(2):
-        _sync()
-        start = time.perf_counter()
-        offset = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            buffer[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
-            offset += n
-        _sync()
-        seconds = time.perf_counter() - start
-    return seconds, size
+    return {
+        name: digest(t.detach().cpu().contiguous().numpy().data)
+        for name, t in _tensors(model, optim).items()
+    }
 
 
 def _saving_rank(root: str, mb: int, saves: int, device: str) -> dict[str, Any]:
     import torch
 
-    global _DEVICE
-    _DEVICE = device
     import fastinit.checkpoint as fc
+    from benchmarks.checkpoint_blocking.anchors import nbytes
+    from benchmarks.checkpoint_blocking.limits import WarmCopy
     from fastinit.checkpoint import saving
 
-    model, optim = _model(mb, seed=0)
-    gen = torch.Generator(device=_DEVICE).manual_seed(1)
+    model, optim = _model(mb, 0, device)
+    gen = torch.Generator(device=device).manual_seed(1)
     fc.prepare(model, {"optim": optim}, background=False)
     pool = saving._SAVER.pool
     assert pool is not None, "prepare made no staging pool"
     out: dict[str, Any] = {"pinned_bytes": pool.pinned_bytes(), "shared": pool.shared}
-    out["pool_warning"] = getattr(pool, "warning", None)
-    blocking, handles = [], []
+    out["pool_warning"] = pool.warning
+    blocking = []
     for i in range(saves):
         _step(model, optim, gen)
         start = time.perf_counter()
-        handles.append(fc.save(f"{root}/s{i}", model, {"optim": optim}, metadata={"step": i}))
+        handle = fc.save(f"{root}/s{i}", model, {"optim": optim}, metadata={"step": i})
         blocking.append(time.perf_counter() - start)
-        if i == saves - 1:
-            want = _digests(model, optim)
-        handles[-1].wait()
+        want = _digests(model, optim)  # the state at this save
+        handle.wait()
     out["blocking_s"] = blocking
-    out["warm_copy_s"], out["bytes"] = _warm_copy_s(model, optim)
+    tensors = list(_tensors(model, optim).values())
+    warm = WarmCopy(tensors)  # (copied once when made: every page is there)
+    out["warm_copy_s"], out["bytes"] = warm.run(), nbytes(tensors)
+    warm.close()
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
@@ -152,9 +121,7 @@ def _saving_rank(root: str, mb: int, saves: int, device: str) -> dict[str, Any]:
 def _loading_rank(root: str, mb: int, saves: int, device: str) -> dict[str, Any]:
     import fastinit.checkpoint as fc
 
-    global _DEVICE
-    _DEVICE = device
-    model, optim = _model(mb, seed=2)
+    model, optim = _model(mb, 2, device)
     report = fc.load(f"{root}/s{saves - 1}", model, {"optim": optim})
     return {
         "bytes_read": report.bytes_read,

@@ -40,8 +40,9 @@ def _model(mb: int, seed: int, device: str) -> tuple[Any, Any]:
 
     layers = max(1, mb * 2**20 // (4 * _WIDTH * (_WIDTH + 1)))
     gen = torch.Generator(device=device).manual_seed(seed)
-    model = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(layers)])
-    model = model.to(device)
+    # made on the meta device and filled from ``gen``: never the global RNG
+    linears = [torch.nn.Linear(_WIDTH, _WIDTH, device="meta") for _ in range(layers)]
+    model = torch.nn.Sequential(*linears).to_empty(device=device)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, device=device, generator=gen) * 0.01)

@@ -22,13 +22,17 @@ _SCRIPT = textwrap.dedent(
                             world_size=1)
     import fastinit.checkpoint as fc
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 8))
+    gen = torch.Generator().manual_seed(0)  # never the global RNG
+    layers = [torch.nn.Linear(256, 256, device="meta"), torch.nn.Linear(256, 8, device="meta")]
+    model = torch.nn.Sequential(*layers).to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
     optim = torch.optim.Adam(model.parameters())
 
     def step():
         optim.zero_grad()
-        model(torch.randn(4, 256)).sum().backward()
+        model(torch.randn(4, 256, generator=gen)).sum().backward()
         optim.step()
 
     step()
